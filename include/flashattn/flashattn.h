@@ -1,0 +1,186 @@
+/*
+ * flashattn — exact attention, FlashAttention-2 algorithm, C API.
+ *
+ * Every entry point returns an fa_status; on failure fa_last_error() returns
+ * a message for the calling thread that names the argument, what was expected
+ * and what was received. On failure no output byte is written.
+ *
+ * Tensors are described by fa_tensor views (no ownership). Strides are in
+ * elements; the last dimension must be contiguous (stride 1), any other
+ * strides are allowed, so (B,S,H,D) and (B,H,S,D) storage both work: describe
+ * the tensor with shape (B,S,H,D) and the strides of the storage you have.
+ *
+ * Shapes
+ *   dense   Q (B,Sq,H,D)   K (B,Sk,Hkv,D)  V (B,Sk,Hkv,Dv)  O (B,Sq,H,Dv)  LSE (B,H,Sq) fp32
+ *   varlen  Q (Tq,H,D)     K (Tk,Hkv,D)    V (Tk,Hkv,Dv)    O (Tq,H,Dv)    LSE (H,Tq)   fp32
+ *           with cu_seqlens_q / cu_seqlens_k int32 of length B+1 (cumulative offsets from 0).
+ *   H must be a multiple of Hkv (GQA; Hkv = 1 is MQA). D and Dv: multiples of 8, at most 256.
+ *
+ * Masking (see README "Conventions"): with shift = Sk - Sq (bottom-right
+ * alignment, flash-attn's) or shift = 0 (top-left, torch SDPA's), query row i
+ * sees key j iff
+ *     (window_left  < 0 || j >= i + shift - window_left) &&
+ *     (window_right < 0 || j <= i + shift + window_right)
+ * and causal means window_right = 0. A row that sees no key gives O = 0 and
+ * LSE = +inf.
+ *
+ * Scores: s = softcap > 0 ? softcap * tanh(scale * q.k / softcap) : scale * q.k,
+ * then s -= alibi_slope[h] * |i + shift - j| when ALiBi slopes are given.
+ * LSE = log(sum_j exp(s_ij)) in natural log.
+ *
+ * Dropout: Philox4x32-10; the keep decision of element (b, h, i, j) depends
+ * only on (seed, offset, b, h, i, j). Mapping (i, j within the sequence,
+ * h the query head, H the number of query heads):
+ *     key     = { (uint32)seed, (uint32)(seed >> 32) ^ (uint32)(offset >> 32) }
+ *     counter = { j / 4, i, b * H + h, (uint32)offset }
+ *     r       = philox4x32_10(counter, key)[j % 4]
+ *     keep    = r < threshold,  threshold = floor((1 - p) * 2^32) clamped to 2^32 - 1
+ * Kept probabilities are scaled by 1 / (1 - p).
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(FLASHATTN_BUILDING)
+#    define FA_API __declspec(dllexport)
+#  else
+#    define FA_API
+#  endif
+#else
+#  define FA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+#define FA_MAX_RANK 4
+#define FA_MAX_HEAD_DIM 256
+
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1,  /* shape, stride, value or pointer is wrong */
+  FA_ERROR_UNSUPPORTED = 2,       /* valid request this build/backend cannot serve */
+  FA_ERROR_WORKSPACE_TOO_SMALL = 3,
+  FA_ERROR_OUT_OF_MEMORY = 4,
+  FA_ERROR_BACKEND = 5,           /* a CUDA call failed */
+  FA_ERROR_INTERNAL = 6
+} fa_status;
+
+typedef enum fa_dtype {
+  FA_DTYPE_FP32 = 0,
+  FA_DTYPE_FP16 = 1,
+  FA_DTYPE_BF16 = 2,
+  FA_DTYPE_INT32 = 3  /* only for cu_seqlens */
+} fa_dtype;
+
+typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
+
+/* A strided view of memory. data == NULL marks an optional tensor as absent. */
+typedef struct fa_tensor {
+  void* data;
+  fa_dtype dtype;
+  fa_device_type device;
+  int32_t device_index;
+  int32_t rank;
+  int64_t shape[FA_MAX_RANK];
+  int64_t strides[FA_MAX_RANK]; /* in elements */
+} fa_tensor;
+
+typedef enum fa_alignment {
+  FA_ALIGN_BOTTOM_RIGHT = 0, /* flash-attn: query i aligned with key i + Sk - Sq */
+  FA_ALIGN_TOP_LEFT = 1      /* torch SDPA: query i aligned with key i */
+} fa_alignment;
+
+typedef struct fa_options {
+  float softmax_scale;       /* 0 means 1/sqrt(D); NaN, Inf and negative values are rejected */
+  int32_t causal;            /* nonzero: window_right = 0 */
+  fa_alignment alignment;    /* applies to causal, window and ALiBi distances */
+  int32_t window_left;       /* -1: unbounded */
+  int32_t window_right;      /* -1: unbounded */
+  float softcap;             /* 0: off */
+  float dropout_p;           /* in [0, 1) */
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  int32_t deterministic;     /* backward: bitwise reproducible results */
+  int32_t num_threads;       /* CPU backend: 0 means the library default */
+  void* stream;              /* CUDA backend: cudaStream_t, NULL = default stream */
+} fa_options;
+
+typedef struct fa_fwd_args {
+  fa_tensor q, k, v;
+  fa_tensor out;
+  fa_tensor lse;             /* optional output */
+  fa_tensor cu_seqlens_q;    /* present: varlen */
+  fa_tensor cu_seqlens_k;
+  int32_t max_seqlen_q;      /* varlen only */
+  int32_t max_seqlen_k;
+  fa_tensor alibi_slopes;    /* optional, fp32, (H) or (B,H) */
+  fa_options opts;
+} fa_fwd_args;
+
+typedef struct fa_bwd_args {
+  fa_tensor dout;            /* like out */
+  fa_tensor q, k, v, out;
+  fa_tensor lse;             /* required: from the forward */
+  fa_tensor dq, dk, dv;      /* outputs, like q, k, v */
+  fa_tensor cu_seqlens_q;
+  fa_tensor cu_seqlens_k;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  fa_tensor alibi_slopes;
+  fa_options opts;           /* same options as the forward */
+} fa_bwd_args;
+
+typedef void* (*fa_alloc_fn)(size_t bytes, fa_device_type device, int32_t device_index, void* user);
+typedef void (*fa_free_fn)(void* ptr, fa_device_type device, int32_t device_index, void* user);
+
+/* Defaults: scale 0 (=1/sqrt(D)), no causal, bottom-right, windows -1, no softcap, no dropout. */
+FA_API void fa_options_init(fa_options* opts);
+FA_API void fa_fwd_args_init(fa_fwd_args* args);
+FA_API void fa_bwd_args_init(fa_bwd_args* args);
+
+/* Builds a view with contiguous (row-major) strides. */
+FA_API fa_tensor fa_tensor_contiguous(void* data, fa_dtype dtype, fa_device_type device, int32_t rank,
+                                      const int64_t* shape);
+
+/* Exact number of workspace bytes the call needs (validates the arguments first). */
+FA_API fa_status fa_fwd_workspace_size(const fa_fwd_args* args, size_t* bytes);
+FA_API fa_status fa_bwd_workspace_size(const fa_bwd_args* args, size_t* bytes);
+
+/* workspace == NULL: the library allocates what it needs through the allocator
+ * (fa_set_allocator) and frees it before returning. Otherwise workspace_bytes
+ * must be at least the queried size. */
+FA_API fa_status fa_fwd(const fa_fwd_args* args, void* workspace, size_t workspace_bytes);
+FA_API fa_status fa_bwd(const fa_bwd_args* args, void* workspace, size_t workspace_bytes);
+
+/* NULL functions restore the default (malloc/free, cudaMalloc/cudaFree). */
+FA_API void fa_set_allocator(fa_alloc_fn alloc, fa_free_fn free_fn, void* user);
+
+/* Thread count of the CPU backend when fa_options.num_threads is 0 (0 = hardware). */
+FA_API void fa_set_default_num_threads(int32_t n);
+
+/* Message of the last failed call on this thread ("" if none). */
+FA_API const char* fa_last_error(void);
+FA_API const char* fa_status_string(fa_status status);
+
+/* 1 when the library was built with the CUDA backend. */
+FA_API int32_t fa_has_cuda(void);
+FA_API const char* fa_version(void);
+
+/* Philox keep decision of the documented dropout mapping (for tests and
+ * other implementations): 1 keep, 0 drop. */
+FA_API int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads,
+                               int64_t i, int64_t j, float p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */
