@@ -1,0 +1,203 @@
+// Tile-level building blocks shared by the forward and backward passes:
+// where a sequence lives, loading and storing tiles with dtype conversion,
+// turning raw dot products into masked log2-domain scores, dropout factors.
+//
+// Everything here is templated on the ISA kernel set `Isa` (gemm, exp2,
+// conversion) and lives in an anonymous namespace: each ISA translation unit
+// compiles its own copy with its own target flags, and no symbol is shared
+// between them.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/mask.hpp"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cpu/config.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+// Rows of sequence b: dense tensors use the batch stride and row 0, varlen
+// tensors batch stride 0 and row cu_seqlens[b]. delta_row0 indexes the
+// (H, total_q) delta buffer of the backward.
+struct Sequence {
+  int64_t q_row0 = 0, k_row0 = 0, seqlen_q = 0, seqlen_k = 0, delta_row0 = 0;
+};
+
+inline Sequence sequence_of(const AttnParams& p, int64_t b) {
+  Sequence s;
+  if (p.is_varlen) {
+    s.q_row0 = p.cu_seqlens_q[b];
+    s.k_row0 = p.cu_seqlens_k[b];
+    s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_row0;
+    s.seqlen_k = p.cu_seqlens_k[b + 1] - s.k_row0;
+    s.delta_row0 = s.q_row0;
+  } else {
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    s.delta_row0 = b * p.seqlen_q;
+  }
+  return s;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A strided (rows, cols) view of one head of one sequence of a tensor.
+struct RowsView {
+  const char* base;
+  int64_t row_stride_bytes;
+  fa_dtype dtype;
+};
+
+inline RowsView rows_view(const void* data, fa_dtype dtype, const TensorLayout& layout, int64_t b, int64_t row0,
+                          int64_t h) {
+  const int64_t size = element_size(dtype);
+  const int64_t offset = b * layout.batch + row0 * layout.row + h * layout.head;
+  return RowsView{static_cast<const char*>(data) + offset * size, layout.row * size, dtype};
+}
+
+// dst (rows, cols) with leading dimension ld, fp32.
+template <class Isa>
+void load_tile(const RowsView& src, int64_t first_row, int rows, int cols, float* dst, int64_t ld) {
+  for (int r = 0; r < rows; ++r)
+    Isa::load_row(src.base + (first_row + r) * src.row_stride_bytes, src.dtype, dst + r * ld, cols);
+}
+
+// dst (cols, ld): the tile transposed, so its rows become GEMM B-operand rows.
+template <class Isa>
+void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int cols, float* dst, int64_t ld,
+                          float* row_tmp) {
+  for (int r = 0; r < rows; ++r) {
+    Isa::load_row(src.base + (first_row + r) * src.row_stride_bytes, src.dtype, row_tmp, cols);
+    for (int c = 0; c < cols; ++c) dst[c * ld + r] = row_tmp[c];
+  }
+}
+
+// Writes rows of src * row_scale[r] (or * scale when row_scale is null).
+template <class Isa>
+void store_tile(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t b, int64_t row0, int64_t h,
+                int rows, int cols, const float* src, int64_t ld, float scale, float* row_tmp) {
+  const RowsView view = rows_view(data, dtype, layout, b, row0, h);
+  char* base = const_cast<char*>(view.base);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = src + r * ld;
+    for (int c = 0; c < cols; ++c) row_tmp[c] = row[c] * scale;
+    Isa::store_row(row_tmp, dtype, base + r * view.row_stride_bytes, cols);
+  }
+}
+
+template <class Isa>
+void zero_rows(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t heads, int64_t row_begin,
+               int64_t row_end, int cols, float* row_tmp) {
+  for (int c = 0; c < cols; ++c) row_tmp[c] = 0.0f;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t row = row_begin; row < row_end; ++row)
+      store_tile<Isa>(data, dtype, layout, 0, row, h, 1, cols, row_tmp, 0, 1.0f, row_tmp);
+}
+
+// What turns q.k into a score for one (sequence, query head).
+struct ScoreContext {
+  MaskPolicy mask;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  float slope = 0.0f;
+  bool has_alibi = false;
+  DropoutConfig dropout;
+  uint32_t batch_head = 0;  // b * H + h, the dropout stream
+};
+
+inline ScoreContext score_context(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h) {
+  ScoreContext ctx;
+  ctx.mask = MaskPolicy::make(seq.seqlen_q, seq.seqlen_k, p.align_bottom_right, p.window_left, p.window_right);
+  ctx.scale = p.softmax_scale;
+  ctx.softcap = p.softcap;
+  ctx.has_alibi = p.alibi_slopes != nullptr;
+  if (ctx.has_alibi) ctx.slope = p.alibi_slopes[b * p.alibi_batch_stride + h];
+  ctx.dropout = p.dropout;
+  ctx.batch_head = static_cast<uint32_t>(b * p.heads + h);
+  return ctx;
+}
+
+// Score tiles are stored key-major (s[key * ld + query], the forward and the
+// dQ pass) or query-major (s[query * ld + key], the dK/dV pass).
+template <bool kKeyMajor>
+inline int64_t score_index(int64_t ld, int qi, int kj) {
+  return kKeyMajor ? kj * ld + qi : qi * ld + kj;
+}
+
+// Turns raw q.k of the tile at (q0, k0) into scores and returns the factor
+// that maps them to log2 units: exp2(x * factor) = exp(s). Without softcap
+// and ALiBi the tile stays raw and the factor is scale * log2(e), folded into
+// the exp2 that follows (one FMA per element). With them, s is computed here
+// and stored times log2(e). Invisible elements become -inf when `masked`.
+// tanh_out (same layout) receives tanh(scale * q.k / softcap) for the
+// backward's derivative 1 - tanh^2.
+template <bool kKeyMajor>
+float shape_scores(float* s, int64_t ld, const ScoreContext& ctx, int64_t q0, int nq, int64_t k0, int nk,
+                   bool masked, float* tanh_out) {
+  const int outer = kKeyMajor ? nk : nq;
+  const int inner = kKeyMajor ? nq : nk;
+  const bool has_softcap = ctx.softcap > 0.0f;
+  float factor = ctx.scale * kLog2e;
+  if (has_softcap || ctx.has_alibi) {
+    const float cap_inv = has_softcap ? ctx.scale / ctx.softcap : 0.0f;
+    for (int o = 0; o < outer; ++o) {
+      for (int n = 0; n < inner; ++n) {
+        const int qi = kKeyMajor ? n : o;
+        const int kj = kKeyMajor ? o : n;
+        const int64_t idx = score_index<kKeyMajor>(ld, qi, kj);
+        float score;
+        if (has_softcap) {
+          const float t = std::tanh(s[idx] * cap_inv);
+          if (tanh_out != nullptr) tanh_out[idx] = t;
+          score = ctx.softcap * t;
+        } else {
+          score = ctx.scale * s[idx];
+        }
+        if (ctx.has_alibi) score -= ctx.slope * ctx.mask.alibi_distance(q0 + qi, k0 + kj);
+        s[idx] = score * kLog2e;
+      }
+    }
+    factor = 1.0f;
+  }
+  if (masked) {
+    for (int o = 0; o < outer; ++o) {
+      for (int n = 0; n < inner; ++n) {
+        const int qi = kKeyMajor ? n : o;
+        const int kj = kKeyMajor ? o : n;
+        if (!ctx.mask.visible(q0 + qi, k0 + kj)) s[score_index<kKeyMajor>(ld, qi, kj)] = kNegInf;
+      }
+    }
+  }
+  return factor;
+}
+
+// drop[...] = keep ? 1/(1-p) : 0 for the tile at (q0, k0); k0 is a multiple of
+// 4 (tiles start on the kBlockN grid), so one Philox call covers 4 columns.
+template <bool kKeyMajor>
+void dropout_factors(float* drop, int64_t ld, const ScoreContext& ctx, int64_t q0, int nq, int64_t k0, int nk) {
+  const DropoutConfig& cfg = ctx.dropout;
+  for (int qi = 0; qi < nq; ++qi) {
+    for (int kj = 0; kj < nk; kj += 4) {
+      const Philox4 words = dropout_words(cfg, ctx.batch_head, static_cast<uint32_t>(q0 + qi),
+                                          static_cast<uint32_t>(k0 + kj));
+      const uint32_t lanes[4] = {words.x, words.y, words.z, words.w};
+      const int count = nk - kj < 4 ? nk - kj : 4;
+      for (int lane = 0; lane < count; ++lane)
+        drop[score_index<kKeyMajor>(ld, qi, kj + lane)] = lanes[lane] < cfg.keep_threshold ? cfg.keep_scale : 0.0f;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace flashattn
