@@ -1,0 +1,118 @@
+"""Shared helpers: the fp64 reference, the naive same-precision attention, and the 2x error rule.
+
+Pass criterion (flash-attn's, as in tests/support/problem.hpp): max|ours - ref64| <=
+2 * max|naive_same_precision - ref64| + floor, floor = 1e-6 * max(max|ref|, scale): about 8 fp32 ulps of the
+largest value, so it only matters when the naive error is ~0. For gradients `scale` is the largest reference
+gradient of dq, dk, dv (FA2's D_i = dO_i . O_i leaves errors of eps |dO| |O| in dS even where a gradient is 0).
+Outputs must be finite and not all zero.
+"""
+import math
+
+import pytest
+import torch
+
+import flashattn
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    # Fresh random inputs per test, reproducible from the test id.
+    torch.manual_seed(abs(hash(request.node.nodeid)) % (2**31))
+    yield
+
+
+def mask_allowed(sq, sk, causal=False, window=(-1, -1), top_left=False, device="cpu"):
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    shift = 0 if top_left else sk - sq
+    left, right = window
+    if causal:
+        right = 0
+    allowed = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        allowed &= j >= i + shift - left
+    if right >= 0:
+        allowed &= j <= i + shift + right
+    return allowed, (i + shift - j).abs()
+
+
+def attention_ref(q, k, v, *, causal=False, window=(-1, -1), top_left=False, softcap=0.0, alibi=None,
+                  scale=None, dropout_mask=None, dropout_p=0.0, dtype=torch.float64):
+    """Math attention in `dtype`, (B, S, H, D) layout; returns (out, lse) with lse (B, H, Sq)."""
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
+    kf = kf.repeat_interleave(h // hkv, dim=2)
+    vf = vf.repeat_interleave(h // hkv, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qf, kf) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    allowed, dist = mask_allowed(sq, sk, causal, window, top_left, q.device)
+    if alibi is not None:
+        slopes = alibi.to(dtype)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        s = s - slopes * dist.to(dtype)
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s.double() if dtype != torch.float64 else s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if dropout_mask is not None:
+        p = p * dropout_mask.to(dtype) / (1.0 - dropout_p)
+    out = torch.einsum("bhij,bjhd->bihd", p, vf)
+    return out, lse
+
+
+def assert_2x(ours, naive, ref, name="out", scale=0.0):
+    """The 2x rule, plus finite and nonzero."""
+    assert torch.isfinite(ours).all(), f"{name}: non-finite values"
+    assert ours.abs().max().item() > 0, f"{name}: all zeros"
+    ours64, naive64, ref64 = ours.double(), naive.double(), ref.double()
+    err = (ours64 - ref64).abs().max().item()
+    naive_err = (naive64 - ref64).abs().max().item()
+    finite = torch.isfinite(ref64)
+    bound = 2.0 * naive_err + 1e-6 * max(ref64[finite].abs().max().item(), scale)
+    assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (naive error {naive_err:.3e})"
+
+
+def run_and_grads(fn, inputs, dout):
+    """fn(*inputs) -> out; returns (out, grads of inputs) for the cotangent dout."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout.to(out.dtype))
+    return out.detach(), [g.detach() for g in grads]
+
+
+def check_fwd_bwd(ours_fn, ref_fn, inputs, dtype, device="cpu"):
+    """ours_fn(*inputs) vs ref_fn(*inputs, dtype=...) in fp64 and in the same precision, out and grads."""
+    inputs = [x.to(device=device, dtype=dtype) for x in inputs]
+    with torch.no_grad():
+        try:
+            shape = ours_fn(*inputs).shape
+        except NotImplementedError as e:
+            if device == "cpu":
+                raise
+            pytest.skip(f"{device} backend does not serve this case: {e}")
+    dout = torch.randn(shape).to(device=device, dtype=dtype)
+    out, grads = run_and_grads(ours_fn, inputs, dout)
+    ref, ref_grads = run_and_grads(lambda *x: ref_fn(*x, dtype=torch.float64), inputs, dout)
+    naive, naive_grads = run_and_grads(lambda *x: ref_fn(*x, dtype=dtype), inputs, dout)
+    assert out.dtype == dtype
+    assert_2x(out, naive, ref, "out")
+    scale = max(g.abs().max().item() for g in ref_grads)
+    for name, g, gn, gr in zip("qkv", grads, naive_grads, ref_grads):
+        assert g.shape == gr.shape
+        assert_2x(g, gn, gr, "d" + name, scale)
+    return out
+
+
+HAVE_CUDA = torch.cuda.is_available() and flashattn.has_cuda()
+requires_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.has_cuda()),
+                                   reason="needs a CUDA GPU and a flashattn build with the CUDA backend")
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=requires_cuda)])
+def device(request):
+    """Every test that takes `device` runs on the CPU and, where present, on the GPU."""
+    return request.param
