@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "common/error.hpp"
@@ -12,14 +13,25 @@
 namespace flashattn {
 namespace {
 
-const char* dtype_name(fa_dtype dtype) {
+// A C caller may store any int in an enum field; reading such a value through
+// the C++ enum type is undefined, so enums are read as their raw int32 until
+// they have been checked.
+template <typename Enum>
+int32_t raw(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "C enums are int sized");
+  int32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+const char* dtype_name(int32_t dtype) {
   switch (dtype) {
     case FA_DTYPE_FP32: return "fp32";
     case FA_DTYPE_FP16: return "fp16";
     case FA_DTYPE_BF16: return "bf16";
     case FA_DTYPE_INT32: return "int32";
+    default: return "an unknown dtype code";
   }
-  return "unknown";
 }
 
 std::string shape_string(const fa_tensor& t) {
@@ -56,16 +68,16 @@ fa_status check_view(const char* name, const fa_tensor& t, int rank) {
   if (t.strides[rank - 1] != 1)
     return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected a contiguous last dimension (stride 1), got stride %" PRId64,
                 name, t.strides[rank - 1]);
-  if (t.device != FA_DEVICE_CPU && t.device != FA_DEVICE_CUDA)
+  if (raw(t.device) != FA_DEVICE_CPU && raw(t.device) != FA_DEVICE_CUDA)
     return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected device cpu or cuda, got device code %d", name,
-                static_cast<int>(t.device));
+                static_cast<int>(raw(t.device)));
   return FA_OK;
 }
 
 fa_status check_dtype(const char* name, const fa_tensor& t, fa_dtype expected) {
-  if (t.dtype != expected)
+  if (raw(t.dtype) != expected)
     return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected dtype %s, got %s", name, dtype_name(expected),
-                dtype_name(t.dtype));
+                dtype_name(raw(t.dtype)));
   return FA_OK;
 }
 
@@ -151,8 +163,9 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
                 cu_q.data == nullptr ? "cu_seqlens_q" : "cu_seqlens_k");
   const int rank = varlen ? 3 : 4;
   FA_TRY(check_view("q", q, rank));
-  if (q.dtype != FA_DTYPE_FP32 && q.dtype != FA_DTYPE_FP16 && q.dtype != FA_DTYPE_BF16)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "q: expected dtype fp32, fp16 or bf16, got %s", dtype_name(q.dtype));
+  const int32_t q_dtype = raw(q.dtype);
+  if (q_dtype != FA_DTYPE_FP32 && q_dtype != FA_DTYPE_FP16 && q_dtype != FA_DTYPE_BF16)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "q: expected dtype fp32, fp16 or bf16, got %s", dtype_name(q_dtype));
   FA_TRY(check_view("k", k, rank));
   FA_TRY(check_view("v", v, rank));
   FA_TRY(check_view("out", out, rank));
@@ -254,9 +267,10 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   if (opts.window_right < -1)
     return fail(FA_ERROR_INVALID_ARGUMENT, "window_right: expected -1 (unbounded) or a value >= 0, got %d",
                 opts.window_right);
-  if (opts.alignment != FA_ALIGN_BOTTOM_RIGHT && opts.alignment != FA_ALIGN_TOP_LEFT)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "alignment: expected FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1), got %d",
-                static_cast<int>(opts.alignment));
+  if (raw(opts.alignment) != FA_ALIGN_BOTTOM_RIGHT && raw(opts.alignment) != FA_ALIGN_TOP_LEFT)
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "alignment: expected FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1), got %d",
+                static_cast<int>(raw(opts.alignment)));
   if (opts.num_threads < 0)
     return fail(FA_ERROR_INVALID_ARGUMENT, "num_threads: expected 0 (default) or a positive count, got %d",
                 opts.num_threads);

@@ -34,8 +34,14 @@
  *     key     = { (uint32)seed, (uint32)(seed >> 32) ^ (uint32)(offset >> 32) }
  *     counter = { j / 4, i, b * H + h, (uint32)offset }
  *     r       = philox4x32_10(counter, key)[j % 4]
- *     keep    = r < threshold,  threshold = floor((1 - p) * 2^32) clamped to 2^32 - 1
- * Kept probabilities are scaled by 1 / (1 - p).
+ *     keep    = r < threshold,  threshold = floor((1 - p) * 2^32) clamped to 2^32 - 1,
+ *               with 1 - p evaluated in fp32
+ * Kept probabilities are scaled by 1 / (1 - p) (fp32).
+ *
+ * Non-finite inputs are computed, not rejected: a NaN in a Q row or in a key
+ * that a row sees reaches that row's O and LSE. As in flash-attn and in a
+ * naive P·V, an Inf or NaN in a K/V row may also reach rows of the same tile
+ * that do not see that key (0 · Inf).
  */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H

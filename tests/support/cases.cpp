@@ -1,5 +1,6 @@
 #include "support/cases.hpp"
 
+#include <algorithm>
 #include <set>
 #include <stdexcept>
 
@@ -161,8 +162,10 @@ std::vector<Case> build() {
       C(F16, 1, 2, 2, 1000, 1000, 64, 64).causal(),
       C(B16, 1, 2, 1, 1000, 1000, 64, 64),
       C(F32, 1, 1, 1, 1000, 128, 64, 64).causal(TL),
-      C(F32, 1, 1, 1, 4096, 4096, 32, 32).causal().slow(),
-      C(B16, 1, 1, 1, 4096, 4096, 64, 64).causal(TL).slow(),
+      C(F32, 2, 2, 1, 0, 17, 64, 64),             // no queries: dK = dV = 0
+      C(B16, 1, 2, 2, 17, 0, 32, 32).causal(),   // no keys: O = 0, LSE = +inf
+      C(F32, 1, 1, 1, 4096, 4096, 32, 32).causal(),
+      C(B16, 1, 1, 1, 4096, 4096, 64, 64).causal(TL),
       // Sliding windows (0,0), (16,0), (-1,8), both alignments.
       C(F32, 1, 2, 2, 128, 128, 64, 64).window(0, 0),
       C(F16, 1, 2, 2, 128, 200, 64, 64).window(0, 0).top_left(),
@@ -227,6 +230,8 @@ std::vector<Case> build() {
 }
 
 }  // namespace
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 const std::vector<Case>& all_cases() {
   static const std::vector<Case> cases = build();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct Case {
 
   bool varlen() const { return !seqlens_q.empty(); }
 };
+
+// gtest prints a case by its name.
+void PrintTo(const Case& c, std::ostream* os);
 
 // Every case, in list order; names are unique.
 const std::vector<Case>& all_cases();

@@ -184,7 +184,9 @@ void HostTensor::fill_random(std::mt19937_64& rng, double stddev) {
   }
 }
 
-void HostTensor::poison() { std::memset(bytes_.data(), kPoisonByte, bytes_.size()); }
+void HostTensor::poison() {
+  if (!bytes_.empty()) std::memset(bytes_.data(), kPoisonByte, bytes_.size());
+}
 
 int64_t HostTensor::count_poisoned() const {
   const size_t width = dtype_bytes(dtype_);

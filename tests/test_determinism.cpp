@@ -1,0 +1,69 @@
+// Bitwise reproducibility: O, LSE and (with opts.deterministic) dQ, dK, dV are
+// identical across repeated calls and across thread counts 1, 2 and 7.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "support/cases.hpp"
+#include "support/problem.hpp"
+
+namespace fatest {
+namespace {
+
+struct Outputs {
+  std::vector<unsigned char> out, lse, dq, dk, dv;
+};
+
+Outputs run(Problem& p, int32_t threads) {
+  Outputs r;
+  p.poison_outputs();
+  fa_fwd_args fa = p.fwd_args();
+  fa.opts.num_threads = threads;
+  EXPECT_EQ(fa_fwd(&fa, nullptr, 0), FA_OK) << fa_last_error();
+  fa_bwd_args ba = p.bwd_args();
+  ba.opts.num_threads = threads;
+  ba.opts.deterministic = 1;
+  EXPECT_EQ(fa_bwd(&ba, nullptr, 0), FA_OK) << fa_last_error();
+  EXPECT_TRUE(fully_written("dq", p.dq));
+  r.out = p.out.bytes();
+  r.lse = p.lse.bytes();
+  r.dq = p.dq.bytes();
+  r.dk = p.dk.bytes();
+  r.dv = p.dv.bytes();
+  return r;
+}
+
+class Determinism : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Determinism, BitwiseAcrossRunsAndThreadCounts) {
+  Problem p = make_problem(GetParam());
+  const Outputs base = run(p, 1);
+  ASSERT_FALSE(HasFailure());
+  for (int32_t threads : {1, 2, 7, 2}) {
+    const Outputs again = run(p, threads);
+    EXPECT_TRUE(again.out == base.out) << "O differs with " << threads << " threads";
+    EXPECT_TRUE(again.lse == base.lse) << "LSE differs with " << threads << " threads";
+    EXPECT_TRUE(again.dq == base.dq) << "dQ differs with " << threads << " threads";
+    EXPECT_TRUE(again.dk == base.dk) << "dK differs with " << threads << " threads";
+    EXPECT_TRUE(again.dv == base.dv) << "dV differs with " << threads << " threads";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Determinism, ::testing::ValuesIn(determinism_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The library default thread count (num_threads = 0) follows fa_set_default_num_threads and gives the same bits.
+TEST(DefaultThreads, DefaultCountGivesSameBits) {
+  Problem p = make_problem(determinism_cases()[0]);
+  const Outputs one = run(p, 1);
+  fa_set_default_num_threads(3);
+  const Outputs dflt = run(p, 0);
+  fa_set_default_num_threads(test_threads());
+  EXPECT_TRUE(dflt.out == one.out);
+  EXPECT_TRUE(dflt.dq == one.dq);
+  EXPECT_TRUE(dflt.dk == one.dk);
+  EXPECT_TRUE(dflt.dv == one.dv);
+}
+
+}  // namespace
+}  // namespace fatest
