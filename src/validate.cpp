@@ -24,13 +24,13 @@ int32_t raw(const Enum& value) {
   return bits;
 }
 
-const char* dtype_name(int32_t dtype) {
+std::string dtype_name(int32_t dtype) {
   switch (dtype) {
     case FA_DTYPE_FP32: return "fp32";
     case FA_DTYPE_FP16: return "fp16";
     case FA_DTYPE_BF16: return "bf16";
     case FA_DTYPE_INT32: return "int32";
-    default: return "an unknown dtype code";
+    default: return "unknown dtype code " + std::to_string(dtype);
   }
 }
 
@@ -76,8 +76,8 @@ fa_status check_view(const char* name, const fa_tensor& t, int rank) {
 
 fa_status check_dtype(const char* name, const fa_tensor& t, fa_dtype expected) {
   if (raw(t.dtype) != expected)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected dtype %s, got %s", name, dtype_name(expected),
-                dtype_name(raw(t.dtype)));
+    return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected dtype %s, got %s", name, dtype_name(expected).c_str(),
+                dtype_name(raw(t.dtype)).c_str());
   return FA_OK;
 }
 
@@ -165,7 +165,8 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   FA_TRY(check_view("q", q, rank));
   const int32_t q_dtype = raw(q.dtype);
   if (q_dtype != FA_DTYPE_FP32 && q_dtype != FA_DTYPE_FP16 && q_dtype != FA_DTYPE_BF16)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "q: expected dtype fp32, fp16 or bf16, got %s", dtype_name(q_dtype));
+    return fail(FA_ERROR_INVALID_ARGUMENT, "q: expected dtype fp32, fp16 or bf16, got %s",
+                dtype_name(q_dtype).c_str());
   FA_TRY(check_view("k", k, rank));
   FA_TRY(check_view("v", v, rank));
   FA_TRY(check_view("out", out, rank));

@@ -12,10 +12,64 @@
 namespace flashattn {
 namespace cpu {
 
+// Packing buffers of the AMX kernel set (bf16 only): A (256 x 256) bf16, B
+// (128 x 256) bf16 pairs plus two pinned B operands of the same size, and a
+// (256 x 256) fp32 C staging tile: every gemm of the passes has m <= 256 and
+// k, n <= 256. Counted for every bf16 call, AMX or not,
+// so the size depends on the params alone.
+constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
+constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
+constexpr int kPinnedOperands = 2;
+static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
+inline size_t isa_scratch_bytes(const AttnParams& p) {
+  if (p.dtype != FA_DTYPE_BF16) return 0;
+  const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2;
+  const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2;
+  const size_t c = size_t{kMaxGemmRows} * kMaxGemmDim * 4;
+  return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
+}
+
+// One (batch, kv head) at a time, the K/V rows (forward, dQ pass) or the Q
+// and dO rows of one query head (dK/dV pass) are converted once into
+// contiguous fp32 arrays that all threads read. Tiles are then plain
+// pointers into them: no per-tile conversion, and sequential rows the
+// hardware prefetchers follow, where (B, S, H, D) storage puts rows H * D
+// elements apart. O(S * D) memory.
+struct StagedKv {
+  float* k;  // (seqlen_k, D)
+  float* v;  // (seqlen_k, Dv)
+};
+
+inline StagedKv carve_staged_kv(ScratchArena& arena, const AttnParams& p) {
+  StagedKv s;
+  s.k = arena.take_floats(p.seqlen_k * p.head_dim);
+  s.v = arena.take_floats(p.seqlen_k * p.head_dim_v);
+  return s;
+}
+
+struct StagedQ {
+  float* q;      // (seqlen_q, D)
+  float* dout;   // (seqlen_q, Dv)
+  float* lse2;   // (seqlen_q) LSE in log2 units
+  float* delta;  // (seqlen_q) rowsum(dO * O)
+  float* dk;     // (seqlen_k, D) dK accumulators of the kv head
+  float* dv;     // (seqlen_k, Dv)
+};
+
+inline StagedQ carve_staged_q(ScratchArena& arena, const AttnParams& p) {
+  StagedQ s;
+  s.q = arena.take_floats(p.seqlen_q * p.head_dim);
+  s.dout = arena.take_floats(p.seqlen_q * p.head_dim_v);
+  s.lse2 = arena.take_floats(p.seqlen_q);
+  s.delta = arena.take_floats(p.seqlen_q);
+  s.dk = arena.take_floats(p.seqlen_k * p.head_dim);
+  s.dv = arena.take_floats(p.seqlen_k * p.head_dim_v);
+  return s;
+}
+
 struct FwdScratch {
+  void* isa;        // kernel-set scratch (isa_scratch_bytes)
   float* q_t;       // (D, kBlockM)  Q tile transposed: B operand of S^T = K Q^T
-  float* k;         // (kBlockN, D)
-  float* v;         // (kBlockN, Dv)
   float* s_t;       // (kBlockN, kBlockM) scores, then probabilities, one row per key
   float* drop;      // (kBlockN, kBlockM) dropout factors (0 or 1/(1-p)); only with dropout
   float* o;         // (kBlockM, Dv) unnormalized output
@@ -28,9 +82,8 @@ struct FwdScratch {
 
 inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   FwdScratch s;
+  s.isa = arena.take_bytes(isa_scratch_bytes(p));
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
-  s.k = arena.take_floats(kBlockN * p.head_dim);
-  s.v = arena.take_floats(kBlockN * p.head_dim_v);
   s.s_t = arena.take_floats(kBlockN * kBlockM);
   s.drop = p.dropout.enabled ? arena.take_floats(kBlockN * kBlockM) : nullptr;
   s.o = arena.take_floats(kBlockM * p.head_dim_v);
@@ -44,27 +97,21 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
 
 // Pass 1 of the backward (dK, dV of one K/V tile): scores are query-major.
 struct BwdKvScratch {
-  float* k_t;    // (D, kBlockN)  B operand of S = Q K^T
-  float* v_t;    // (Dv, kBlockN) B operand of dP = dO V^T
-  float* q;      // (kBlockM, D)
-  float* dout;   // (kBlockM, Dv)
-  float* s;      // (kBlockM, kBlockN) scores, then P (dropped)
-  float* dp;     // (kBlockM, kBlockN) dP, then dS
-  float* tanh;   // (kBlockM, kBlockN) tanh of the capped score; only with softcap
-  float* drop;   // (kBlockM, kBlockN) dropout factors; only with dropout
-  float* dk;     // (kBlockN, D)
-  float* dv;     // (kBlockN, Dv)
-  float* lse2;   // (kBlockM) LSE in log2 units
-  float* delta;  // (kBlockM) rowsum(dO * O)
+  void* isa;
+  float* k_t;   // (D, kBlockN)  B operand of S = Q K^T
+  float* v_t;   // (Dv, kBlockN) B operand of dP = dO V^T
+  float* s;     // (kBlockM, kBlockN) scores, then P (dropped)
+  float* dp;    // (kBlockM, kBlockN) dP, then dS
+  float* tanh;  // (kBlockM, kBlockN) tanh of the capped score; only with softcap
+  float* drop;  // (kBlockM, kBlockN) dropout factors; only with dropout
   float* row_tmp;
 };
 
 // Pass 2 (dQ of one Q tile): scores are key-major, like the forward.
 struct BwdQScratch {
+  void* isa;
   float* q_t;     // (D, kBlockM)
   float* dout_t;  // (Dv, kBlockM)
-  float* k;       // (kBlockN, D)
-  float* v;       // (kBlockN, Dv)
   float* s_t;     // (kBlockN, kBlockM)
   float* dp_t;    // (kBlockN, kBlockM) dP^T, then dS^T
   float* tanh;    // (kBlockN, kBlockM)
@@ -73,23 +120,19 @@ struct BwdQScratch {
   float* lse2;    // (kBlockM)
   float* delta;   // (kBlockM)
   float* row_tmp;
+  float* row_tmp2;
 };
 
 inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
   const int64_t tile = kBlockM * kBlockN;
   BwdKvScratch s;
+  s.isa = arena.take_bytes(isa_scratch_bytes(p));
   s.k_t = arena.take_floats(p.head_dim * kBlockN);
   s.v_t = arena.take_floats(p.head_dim_v * kBlockN);
-  s.q = arena.take_floats(kBlockM * p.head_dim);
-  s.dout = arena.take_floats(kBlockM * p.head_dim_v);
   s.s = arena.take_floats(tile);
   s.dp = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
   s.drop = p.dropout.enabled ? arena.take_floats(tile) : nullptr;
-  s.dk = arena.take_floats(kBlockN * p.head_dim);
-  s.dv = arena.take_floats(kBlockN * p.head_dim_v);
-  s.lse2 = arena.take_floats(kBlockM);
-  s.delta = arena.take_floats(kBlockM);
   s.row_tmp = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
   return s;
 }
@@ -97,10 +140,9 @@ inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
 inline BwdQScratch carve_bwd_q(ScratchArena& arena, const AttnParams& p) {
   const int64_t tile = kBlockM * kBlockN;
   BwdQScratch s;
+  s.isa = arena.take_bytes(isa_scratch_bytes(p));
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.dout_t = arena.take_floats(p.head_dim_v * kBlockM);
-  s.k = arena.take_floats(kBlockN * p.head_dim);
-  s.v = arena.take_floats(kBlockN * p.head_dim_v);
   s.s_t = arena.take_floats(tile);
   s.dp_t = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
@@ -109,6 +151,7 @@ inline BwdQScratch carve_bwd_q(ScratchArena& arena, const AttnParams& p) {
   s.lse2 = arena.take_floats(kBlockM);
   s.delta = arena.take_floats(kBlockM);
   s.row_tmp = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
+  s.row_tmp2 = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
   return s;
 }
 
@@ -118,7 +161,13 @@ inline size_t fwd_thread_bytes(const AttnParams& p) {
   return arena.used();
 }
 
-// The passes run one after the other, so each thread's region serves all three.
+inline size_t fwd_shared_bytes(const AttnParams& p) {
+  ScratchArena arena;
+  carve_staged_kv(arena, p);
+  return arena.used();
+}
+
+// The passes run one after the other, so each thread's region serves both.
 inline size_t bwd_thread_bytes(const AttnParams& p) {
   ScratchArena kv, q;
   carve_bwd_kv(kv, p);
@@ -126,11 +175,12 @@ inline size_t bwd_thread_bytes(const AttnParams& p) {
   return std::max(kv.used(), q.used());
 }
 
-// delta = rowsum(dO * O) for every (head, row): H * total_q floats, O(N).
+// The dK/dV pass stages Q rows, the dQ pass K/V rows, in the same region.
 inline size_t bwd_shared_bytes(const AttnParams& p) {
-  ScratchArena arena;
-  arena.take_floats(p.heads * p.total_q);
-  return arena.used();
+  ScratchArena q, kv;
+  carve_staged_q(q, p);
+  carve_staged_kv(kv, p);
+  return std::max(q.used(), kv.used());
 }
 
 }  // namespace cpu

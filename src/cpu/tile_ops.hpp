@@ -8,6 +8,7 @@
 // between them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -27,10 +28,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 // Rows of sequence b: dense tensors use the batch stride and row 0, varlen
-// tensors batch stride 0 and row cu_seqlens[b]. delta_row0 indexes the
-// (H, total_q) delta buffer of the backward.
+// tensors batch stride 0 and row cu_seqlens[b].
 struct Sequence {
-  int64_t q_row0 = 0, k_row0 = 0, seqlen_q = 0, seqlen_k = 0, delta_row0 = 0;
+  int64_t q_row0 = 0, k_row0 = 0, seqlen_q = 0, seqlen_k = 0;
 };
 
 inline Sequence sequence_of(const AttnParams& p, int64_t b) {
@@ -40,11 +40,9 @@ inline Sequence sequence_of(const AttnParams& p, int64_t b) {
     s.k_row0 = p.cu_seqlens_k[b];
     s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_row0;
     s.seqlen_k = p.cu_seqlens_k[b + 1] - s.k_row0;
-    s.delta_row0 = s.q_row0;
   } else {
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqlen_k;
-    s.delta_row0 = b * p.seqlen_q;
   }
   return s;
 }
@@ -79,6 +77,19 @@ void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int 
   for (int r = 0; r < rows; ++r) {
     Isa::load_row(src.base + (first_row + r) * src.row_stride_bytes, src.dtype, row_tmp, cols);
     for (int c = 0; c < cols; ++c) dst[c * ld + r] = row_tmp[c];
+  }
+}
+
+// Converts rows [0, rows) of src into dst (rows, cols) contiguous; called
+// by every thread of the team, which share the rows (an orphaned omp for).
+template <class Isa>
+void stage_rows(const RowsView& src, int64_t rows, int cols, float* dst) {
+  const int64_t chunks = ceil_div(rows, kBlockN);
+#pragma omp for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t r0 = chunk * kBlockN;
+    const int count = static_cast<int>(std::min<int64_t>(kBlockN, rows - r0));
+    load_tile<Isa>(src, r0, count, cols, dst + r0 * cols, cols);
   }
 }
 
@@ -127,6 +138,22 @@ inline ScoreContext score_context(const AttnParams& p, const Sequence& seq, int6
   return ctx;
 }
 
+// Queries [lo, hi) of the Q tile [m0, m0 + mq) that can see a key of
+// [k0, k0 + nk), the inverse of key_begin/key_end; lo is rounded down to a
+// multiple of 16 so AMX can reuse packed Q^T columns from there.
+struct QueryRange {
+  int lo = 0, hi = 0;
+};
+
+inline QueryRange visible_queries(const MaskPolicy& mask, int64_t m0, int mq, int64_t k0, int nk) {
+  QueryRange range{0, mq};
+  if (mask.window_right >= 0)
+    range.lo = static_cast<int>(std::clamp<int64_t>(k0 - mask.shift - mask.window_right - m0, 0, mq)) / 16 * 16;
+  if (mask.window_left >= 0)
+    range.hi = static_cast<int>(std::clamp<int64_t>(k0 + nk - mask.shift + mask.window_left - m0, range.lo, mq));
+  return range;
+}
+
 // Score tiles are stored key-major (s[key * ld + query], the forward and the
 // dQ pass) or query-major (s[query * ld + key], the dK/dV pass).
 template <bool kKeyMajor>
@@ -170,12 +197,32 @@ float shape_scores(float* s, int64_t ld, const ScoreContext& ctx, int64_t q0, in
     factor = 1.0f;
   }
   if (masked) {
+    // Each row of the tile sees one contiguous run of the other index:
+    // query i sees keys [i + shift - window_left, i + shift + window_right],
+    // key j is seen by queries [j - shift - window_right, j - shift + window_left].
+    const MaskPolicy& mask = ctx.mask;
     for (int o = 0; o < outer; ++o) {
-      for (int n = 0; n < inner; ++n) {
-        const int qi = kKeyMajor ? n : o;
-        const int kj = kKeyMajor ? o : n;
-        if (!ctx.mask.visible(q0 + qi, k0 + kj)) s[score_index<kKeyMajor>(ld, qi, kj)] = kNegInf;
+      int64_t first, last;  // visible inner indices, inclusive, absolute
+      if (kKeyMajor) {
+        const int64_t j = k0 + o;
+        first = mask.window_right >= 0 ? j - mask.shift - mask.window_right : q0;
+        last = mask.window_left >= 0 ? j - mask.shift + mask.window_left : q0 + inner - 1;
+        if (j >= mask.seqlen_k) last = first - 1;
+        first -= q0;
+        last -= q0;
+      } else {
+        const int64_t i = q0 + o;
+        first = mask.window_left >= 0 ? i + mask.shift - mask.window_left : k0;
+        last = mask.window_right >= 0 ? i + mask.shift + mask.window_right : k0 + inner - 1;
+        last = std::min<int64_t>(last, mask.seqlen_k - 1);
+        first -= k0;
+        last -= k0;
       }
+      const int begin = static_cast<int>(std::clamp<int64_t>(first, 0, inner));
+      const int end = static_cast<int>(std::clamp<int64_t>(last + 1, begin, inner));
+      float* row = s + o * ld;
+      for (int n = 0; n < begin; ++n) row[n] = kNegInf;
+      for (int n = end; n < inner; ++n) row[n] = kNegInf;
     }
   }
   return factor;

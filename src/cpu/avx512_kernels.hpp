@@ -1,0 +1,194 @@
+// The AVX-512 kernel set (see kernels.hpp for the contract). Included only
+// by translation units that compile it under an AVX-512 target pragma
+// (isa_avx512.cpp, isa_amx.cpp); the anonymous namespace keeps each copy
+// private to its unit.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+__mmask16 lanes_mask(int count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1u);
+}
+
+// A (kRows x 32) block of C in 2 * kRows zmm accumulators: per step of the
+// k loop, two vectors of B are loaded and each A element is broadcast once
+// and feeds two FMAs. kGemmRows = 12 keeps 24 accumulators + 2 B registers
+// of the 32 zmm, and 14 loads per 24 FMAs (12 cycles on two FMA ports).
+constexpr int kGemmRows = 12;
+template <int kRows>
+void gemm_block(int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                int64_t ldc, __mmask16 mask0, __mmask16 mask1, bool accumulate) {
+  // Every loop over r is unrolled so the accumulators stay in registers.
+  __m512 acc0[kRows], acc1[kRows];
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+  }
+  for (int l = 0; l < k; ++l) {
+    const float* b_row = b + l * ldb;
+    const __m512 b0 = _mm512_maskz_loadu_ps(mask0, b_row);
+    const __m512 b1 = _mm512_maskz_loadu_ps(mask1, b_row + 16);
+    const float* a_col_l = a + l * a_col;
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 a_rl = _mm512_set1_ps(a_col_l[r * a_row]);
+      acc0[r] = _mm512_fmadd_ps(a_rl, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(a_rl, b1, acc1[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    float* c_row = c + r * ldc;
+    if (accumulate) {
+      acc0[r] = _mm512_add_ps(acc0[r], _mm512_maskz_loadu_ps(mask0, c_row));
+      acc1[r] = _mm512_add_ps(acc1[r], _mm512_maskz_loadu_ps(mask1, c_row + 16));
+    }
+    _mm512_mask_storeu_ps(c_row, mask0, acc0[r]);
+    _mm512_mask_storeu_ps(c_row + 16, mask1, acc1[r]);
+  }
+}
+
+// 2^x as 2^n * p(f), n = round(x), f in [-1/2, 1/2], p the degree-6 Taylor
+// polynomial of 2^f (relative error ~1.2e-7). x is clamped at -160 so that
+// -inf gives exactly 0 through vscalefps instead of NaN; NaN stays NaN.
+__m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+__m512 bf16_to_ps(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// Round to nearest even on the bit pattern, NaN kept quiet: the vector form
+// of float_to_bf16 in common/half.hpp.
+__m256i ps_to_bf16(__m512 x) {
+  const __m512i word = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(word, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(word, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                   _mm512_set1_epi32(0x7F800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
+}
+
+// The last m % kGemmRows rows: one instantiation per count.
+template <int kRows>
+void gemm_rest(int rows, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+               int64_t ldc, __mmask16 mask0, __mmask16 mask1, bool accumulate) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) {
+      gemm_block<kRows>(k, a, a_row, a_col, b, ldb, c, ldc, mask0, mask1, accumulate);
+      return;
+    }
+    gemm_rest<kRows - 1>(rows, k, a, a_row, a_col, b, ldb, c, ldc, mask0, mask1, accumulate);
+  }
+}
+
+struct Avx512Kernels {
+  explicit Avx512Kernels(void* /*scratch: unused*/) {}
+  void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
+  void unpin_b(int /*slot*/) {}
+
+  static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                   float* c, int64_t ldc, bool accumulate) {
+    for (int j0 = 0; j0 < n; j0 += 32) {
+      const __mmask16 mask0 = lanes_mask(n - j0);
+      const __mmask16 mask1 = lanes_mask(n - j0 - 16);
+      const float* b_cols = b + j0;
+      int i0 = 0;
+      for (; i0 + kGemmRows <= m; i0 += kGemmRows)
+        gemm_block<kGemmRows>(k, a + i0 * a_row, a_row, a_col, b_cols, ldb, c + i0 * ldc + j0, ldc, mask0, mask1,
+                              accumulate);
+      if (i0 < m)
+        gemm_rest<kGemmRows - 1>(m - i0, k, a + i0 * a_row, a_row, a_col, b_cols, ldb, c + i0 * ldc + j0, ldc, mask0,
+                                 mask1, accumulate);
+    }
+  }
+
+  static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
+    const __m512 factor = _mm512_set1_ps(mul);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
+      _mm512_mask_storeu_ps(x + i, mask, exp2_ps(v));
+    }
+  }
+
+  static void exp2_sub_vec_sum(float* x, int n, float mul, const float* sub, float* sum) {
+    const __m512 factor = _mm512_set1_ps(mul);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
+      const __m512 e = exp2_ps(v);
+      _mm512_mask_storeu_ps(x + i, mask, e);
+      _mm512_mask_storeu_ps(sum + i, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, sum + i), e));
+    }
+  }
+
+  static void exp2_sub_scalar(float* x, int n, float mul, float sub) {
+    const __m512 factor = _mm512_set1_ps(mul);
+    const __m512 subtrahend = _mm512_set1_ps(sub);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, subtrahend);
+      _mm512_mask_storeu_ps(x + i, mask, exp2_ps(v));
+    }
+  }
+
+  static void load_row(const void* src, fa_dtype dtype, float* dst, int n) {
+    if (dtype == FA_DTYPE_FP32) {
+      const float* s = static_cast<const float*>(src);
+      for (int i = 0; i < n; i += 16) {
+        const __mmask16 mask = lanes_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, mask, _mm512_maskz_loadu_ps(mask, s + i));
+      }
+      return;
+    }
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m256i bits = _mm256_maskz_loadu_epi16(mask, s + i);
+      _mm512_mask_storeu_ps(dst + i, mask, dtype == FA_DTYPE_BF16 ? bf16_to_ps(bits) : _mm512_cvtph_ps(bits));
+    }
+  }
+
+  static void store_row(const float* src, fa_dtype dtype, void* dst, int n) {
+    if (dtype == FA_DTYPE_FP32) {
+      float* d = static_cast<float*>(dst);
+      for (int i = 0; i < n; i += 16) {
+        const __mmask16 mask = lanes_mask(n - i);
+        _mm512_mask_storeu_ps(d + i, mask, _mm512_maskz_loadu_ps(mask, src + i));
+      }
+      return;
+    }
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, src + i);
+      const __m256i bits =
+          dtype == FA_DTYPE_BF16 ? ps_to_bf16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_mask_storeu_epi16(d + i, mask, bits);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace cpu
+}  // namespace flashattn

@@ -1,0 +1,279 @@
+// FlashAttention-2 backward on the CPU with recomputation, instantiated once
+// per ISA kernel set.
+//
+// Why two passes: dK and dV of a K/V tile sum over query tiles and the query
+// heads of its GQA group, dQ of a Q tile sums over K/V tiles. Accumulating dQ
+// from the K/V-parallel loop (atomics, or per-thread copies reduced at the
+// end) makes the result depend on the thread count or on timing. Instead,
+// per (batch, kv head):
+//   pass 1  for each query head h of the group, in order: stage Q, dO,
+//           LSE and delta = rowsum(dO * O) of h; then items (K/V tile) add
+//           the contributions of h's Q tiles, in order, to the kv head's dK,
+//           dV accumulators and store them after the last head
+//   pass 2  stage K, V; items (query head, Q tile) compute dQ over their K/V
+//           tiles in order and store it
+// Every output element is produced by one work item whose arithmetic does not
+// depend on which thread runs it, so results are bitwise equal for any thread
+// count, with O(S * D) shared memory and no reduction buffer. The price is
+// recomputing S and dP in pass 2.
+//
+// Per element, with P = exp(S - LSE) and M the dropout factors (0 or 1/(1-p)):
+//   dV += (P o M)^T dO,  dP = (dO V^T) o M,  dS = P o (dP - delta),
+//   softcap s = c tanh(u / c), u = scale q.k:  dS_u = dS (1 - tanh^2),
+//   dK += dS_u^T Q * scale,  dQ += dS_u K * scale (scale applied at the store).
+// ALiBi shifts s by a constant and has no gradient. Rows with LSE = +inf give
+// P = 0 and so contribute nothing.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/scratch.hpp"
+#include "cpu/tile_ops.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+inline const float* lse_row(const BwdParams& p, const Sequence& seq, int64_t b, int64_t h) {
+  return p.lse + b * p.lse_layout.batch + seq.q_row0 * p.lse_layout.row + h * p.lse_layout.head;
+}
+
+// Q, dO, LSE (log2 units) and delta of query head h, shared by the team.
+template <class Isa>
+void stage_query_head(const BwdParams& p, const StagedQ& sq, const Sequence& seq, int64_t b, int64_t h,
+                      float* row_tmp) {
+  const int d = static_cast<int>(p.head_dim);
+  const int dv = static_cast<int>(p.head_dim_v);
+  const RowsView q_rows = rows_view(p.q, p.dtype, p.q_layout, b, seq.q_row0, h);
+  const RowsView do_rows = rows_view(p.dout, p.dtype, p.dout_layout, b, seq.q_row0, h);
+  const RowsView o_rows = rows_view(p.o, p.dtype, p.o_layout, b, seq.q_row0, h);
+  const float* lse = lse_row(p, seq, b, h);
+  const int64_t chunks = ceil_div(seq.seqlen_q, kBlockM);
+#pragma omp for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t r0 = chunk * kBlockM;
+    const int count = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - r0));
+    load_tile<Isa>(q_rows, r0, count, d, sq.q + r0 * d, d);
+    load_tile<Isa>(do_rows, r0, count, dv, sq.dout + r0 * dv, dv);
+    for (int64_t r = r0; r < r0 + count; ++r) {
+      load_tile<Isa>(o_rows, r, 1, dv, row_tmp, dv);
+      const float* dout = sq.dout + r * dv;
+      float sum = 0.0f;
+      for (int c = 0; c < dv; ++c) sum += dout[c] * row_tmp[c];
+      sq.delta[r] = sum;
+      sq.lse2[r] = lse[r * p.lse_layout.row] * kLog2e;
+    }
+  }
+}
+
+// Adds query head h's contribution to dK, dV of keys [k0, k0 + nk) of its kv
+// head; the first head of the group starts the sums, the last stores them.
+template <class Isa>
+void bwd_kv_tile(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const StagedQ& sq, const Sequence& seq,
+                 int64_t b, int64_t h, int64_t k0, bool first_head, bool last_head) {
+  const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+  const int d = static_cast<int>(p.head_dim);
+  const int dv = static_cast<int>(p.head_dim_v);
+  const int64_t h_kv = h / (p.heads / p.heads_kv);
+  float* dk = sq.dk + k0 * d;    // (nk, d)
+  float* dv_acc = sq.dv + k0 * dv;  // (nk, dv)
+  if (first_head) {
+    std::fill(dk, dk + static_cast<int64_t>(nk) * d, 0.0f);
+    std::fill(dv_acc, dv_acc + static_cast<int64_t>(nk) * dv, 0.0f);
+  }
+  load_tile_transposed<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), k0, nk, d, w.k_t, kBlockN,
+                            w.row_tmp);
+  load_tile_transposed<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), k0, nk, dv, w.v_t, kBlockN,
+                            w.row_tmp);
+  isa.pin_b(0, w.k_t, d, nk, kBlockN);
+  isa.pin_b(1, w.v_t, dv, nk, kBlockN);
+
+  const ScoreContext ctx = score_context(p, seq, b, h);
+  const MaskPolicy& mask = ctx.mask;
+  // Query rows that can see a key of [k0, k0 + nk): the inverse of key_begin/key_end.
+  int64_t row_begin = mask.window_right >= 0 ? k0 - mask.shift - mask.window_right : 0;
+  int64_t row_end = mask.window_left >= 0 ? k0 + nk - mask.shift + mask.window_left : seq.seqlen_q;
+  row_begin = std::max<int64_t>(row_begin, 0);
+  row_end = std::min<int64_t>(row_end, seq.seqlen_q);
+
+  for (int64_t m0 = row_begin / kBlockM * kBlockM; m0 < row_end; m0 += kBlockM) {
+    const int mq = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - m0));
+    if (mask.key_begin(m0) >= k0 + nk || mask.key_end(m0 + mq) <= k0) continue;
+    const bool masked = !mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
+    const QueryRange queries = masked ? visible_queries(mask, m0, mq, k0, nk) : QueryRange{0, mq};
+    const int64_t q0 = m0 + queries.lo;  // first query row of the tile that sees a key
+    const int nq = queries.hi - queries.lo;
+    if (nq == 0) continue;
+    const float* q = sq.q + q0 * d;        // (nq, d)
+    const float* dout = sq.dout + q0 * dv;  // (nq, dv)
+    const float* lse2 = sq.lse2 + q0;
+    const float* delta = sq.delta + q0;
+
+    isa.gemm(nq, nk, d, q, d, 1, w.k_t, kBlockN, w.s, kBlockN, false);  // S (nq, nk)
+    const float factor = shape_scores<false>(w.s, kBlockN, ctx, q0, nq, k0, nk, masked, w.tanh);
+    for (int i = 0; i < nq; ++i) isa.exp2_sub_scalar(w.s + i * kBlockN, nk, factor, lse2[i]);  // P
+    isa.gemm(nq, nk, dv, dout, dv, 1, w.v_t, kBlockN, w.dp, kBlockN, false);  // dO V^T (nq, nk)
+
+    if (ctx.dropout.enabled) dropout_factors<false>(w.drop, kBlockN, ctx, q0, nq, k0, nk);
+    for (int i = 0; i < nq; ++i) {
+      const float row_delta = delta[i];
+      float* s_row = w.s + i * kBlockN;
+      float* dp_row = w.dp + i * kBlockN;
+      if (ctx.dropout.enabled) {
+        const float* drop_row = w.drop + i * kBlockN;
+        for (int j = 0; j < nk; ++j) {
+          const float prob = s_row[j];
+          dp_row[j] = prob * (dp_row[j] * drop_row[j] - row_delta);
+          s_row[j] = prob * drop_row[j];
+        }
+      } else {
+        for (int j = 0; j < nk; ++j) dp_row[j] = s_row[j] * (dp_row[j] - row_delta);
+      }
+      if (w.tanh != nullptr) {
+        const float* t_row = w.tanh + i * kBlockN;
+        for (int j = 0; j < nk; ++j) dp_row[j] *= 1.0f - t_row[j] * t_row[j];
+      }
+    }
+    isa.gemm(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv, true);  // dV += P^T dO (nk, dv)
+    isa.gemm(nk, d, nq, w.dp, 1, kBlockN, q, d, dk, d, true);          // dK += dS^T Q (nk, d)
+  }
+  isa.unpin_b(0);
+  isa.unpin_b(1);
+  if (last_head) {
+    store_tile<Isa>(p.dk, p.dtype, p.dk_layout, b, seq.k_row0 + k0, h_kv, nk, d, dk, d, p.softmax_scale, w.row_tmp);
+    store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0 + k0, h_kv, nk, dv, dv_acc, dv, 1.0f, w.row_tmp);
+  }
+}
+
+// dQ of queries [m0, m0 + mq) of head h. Scores are key-major, like the forward.
+template <class Isa>
+void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const StagedKv& kv, const Sequence& seq,
+                int64_t b, int64_t h, int64_t m0) {
+  const int mq = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - m0));
+  const int d = static_cast<int>(p.head_dim);
+  const int dv = static_cast<int>(p.head_dim_v);
+  const ScoreContext ctx = score_context(p, seq, b, h);
+
+  load_tile_transposed<Isa>(rows_view(p.q, p.dtype, p.q_layout, b, seq.q_row0, h), m0, mq, d, w.q_t, kBlockM,
+                            w.row_tmp);
+  const RowsView do_rows = rows_view(p.dout, p.dtype, p.dout_layout, b, seq.q_row0, h);
+  const RowsView o_rows = rows_view(p.o, p.dtype, p.o_layout, b, seq.q_row0, h);
+  const float* lse = lse_row(p, seq, b, h);
+  for (int i = 0; i < mq; ++i) {
+    load_tile<Isa>(do_rows, m0 + i, 1, dv, w.row_tmp, dv);
+    load_tile<Isa>(o_rows, m0 + i, 1, dv, w.row_tmp2, dv);
+    float sum = 0.0f;
+    for (int c = 0; c < dv; ++c) {
+      w.dout_t[c * kBlockM + i] = w.row_tmp[c];
+      sum += w.row_tmp[c] * w.row_tmp2[c];
+    }
+    w.delta[i] = sum;
+    w.lse2[i] = lse[(m0 + i) * p.lse_layout.row] * kLog2e;
+  }
+  isa.pin_b(0, w.q_t, d, mq, kBlockM);
+  isa.pin_b(1, w.dout_t, dv, mq, kBlockM);
+  std::fill(w.dq, w.dq + static_cast<int64_t>(mq) * d, 0.0f);
+
+  const int64_t key_begin = ctx.mask.key_begin(m0);
+  const int64_t key_end = ctx.mask.key_end(m0 + mq);
+  for (int64_t k0 = key_begin / kBlockN * kBlockN; k0 < key_end; k0 += kBlockN) {
+    const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+    const float* k_tile = kv.k + k0 * d;   // (nk, d)
+    const float* v_tile = kv.v + k0 * dv;  // (nk, dv)
+    const bool masked = !ctx.mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
+    const QueryRange queries = masked ? visible_queries(ctx.mask, m0, mq, k0, nk) : QueryRange{0, mq};
+    const int q_lo = queries.lo, nq = queries.hi - queries.lo;
+    if (nq == 0) continue;
+    float* s_t = w.s_t + q_lo;    // (nk, nq), ld kBlockM
+    float* dp_t = w.dp_t + q_lo;  // (nk, nq)
+    float* tanh_t = w.tanh != nullptr ? w.tanh + q_lo : nullptr;
+    const float* delta = w.delta + q_lo;
+    isa.gemm(nk, nq, d, k_tile, d, 1, w.q_t + q_lo, kBlockM, s_t, kBlockM, false);  // S^T (nk, nq)
+    const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, tanh_t);
+    for (int j = 0; j < nk; ++j) isa.exp2_sub_vec(s_t + j * kBlockM, nq, factor, w.lse2 + q_lo);  // P^T
+    isa.gemm(nk, nq, dv, v_tile, dv, 1, w.dout_t + q_lo, kBlockM, dp_t, kBlockM, false);  // (dO V^T)^T
+
+    if (ctx.dropout.enabled) dropout_factors<true>(w.drop + q_lo, kBlockM, ctx, m0 + q_lo, nq, k0, nk);
+    for (int j = 0; j < nk; ++j) {
+      const float* p_row = s_t + j * kBlockM;
+      float* dp_row = dp_t + j * kBlockM;
+      if (ctx.dropout.enabled) {
+        const float* drop_row = w.drop + q_lo + j * kBlockM;
+        for (int i = 0; i < nq; ++i) dp_row[i] = p_row[i] * (dp_row[i] * drop_row[i] - delta[i]);
+      } else {
+        for (int i = 0; i < nq; ++i) dp_row[i] = p_row[i] * (dp_row[i] - delta[i]);
+      }
+      if (tanh_t != nullptr) {
+        const float* t_row = tanh_t + j * kBlockM;
+        for (int i = 0; i < nq; ++i) dp_row[i] *= 1.0f - t_row[i] * t_row[i];
+      }
+    }
+    isa.gemm(nq, d, nk, dp_t, 1, kBlockM, k_tile, d, w.dq + static_cast<int64_t>(q_lo) * d, d, true);  // dQ += dS K
+  }
+  isa.unpin_b(0);
+  isa.unpin_b(1);
+  store_tile<Isa>(p.dq, p.dtype, p.dq_layout, b, seq.q_row0 + m0, h, mq, d, w.dq, d, p.softmax_scale, w.row_tmp);
+}
+
+template <class Isa>
+fa_status run_bwd(const BwdParams& p, void* workspace) {
+  char* base = align_workspace(workspace);
+  ScratchArena q_region(base), kv_region(base);
+  const StagedQ sq = carve_staged_q(q_region, p);
+  const StagedKv kv = carve_staged_kv(kv_region, p);
+  char* thread_base = base + bwd_shared_bytes(p);
+  const size_t thread_bytes = bwd_thread_bytes(p);
+  const int64_t group = p.heads / p.heads_kv;
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    char* mine = thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes;
+    ScratchArena kv_arena(mine), q_arena(mine);
+    const BwdKvScratch kv_w = carve_bwd_kv(kv_arena, p);
+    const BwdQScratch q_w = carve_bwd_q(q_arena, p);
+    Isa kv_isa(kv_w.isa), q_isa(q_w.isa);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Sequence seq = sequence_of(p, b);
+      const int64_t q_tiles = ceil_div(seq.seqlen_q, kBlockM);
+      const int64_t kv_tiles = ceil_div(seq.seqlen_k, kBlockN);
+      for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv) {
+        // Each omp for ends in a barrier, which publishes the staged rows and
+        // keeps the next staging from overwriting rows still in use.
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = h_kv * group + g;
+          stage_query_head<Isa>(p, sq, seq, b, h, kv_w.row_tmp);
+#pragma omp for schedule(dynamic, 1)
+          for (int64_t kv_tile = 0; kv_tile < kv_tiles; ++kv_tile)
+            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h, kv_tile * kBlockN, g == 0, g == group - 1);
+        }
+        stage_rows<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
+                        static_cast<int>(p.head_dim), kv.k);
+        stage_rows<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
+                        static_cast<int>(p.head_dim_v), kv.v);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < group * q_tiles; ++item) {
+          const int64_t q_tile = q_tiles - 1 - item % q_tiles;
+          bwd_q_tile<Isa>(q_isa, p, q_w, kv, seq, b, h_kv * group + item / q_tiles, q_tile * kBlockM);
+        }
+      }
+    }
+#pragma omp single
+    if (p.is_varlen) {
+      // Rows after the last sequence belong to no sequence: their gradient is 0.
+      const int64_t q_used = p.cu_seqlens_q[p.batch], k_used = p.cu_seqlens_k[p.batch];
+      zero_rows<Isa>(p.dq, p.dtype, p.dq_layout, p.heads, q_used, p.total_q, static_cast<int>(p.head_dim),
+                     q_w.row_tmp);
+      zero_rows<Isa>(p.dk, p.dtype, p.dk_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim),
+                     q_w.row_tmp);
+      zero_rows<Isa>(p.dv, p.dtype, p.dv_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim_v),
+                     q_w.row_tmp);
+    }
+  }
+  return FA_OK;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace flashattn

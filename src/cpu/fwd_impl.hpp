@@ -1,0 +1,158 @@
+// FlashAttention-2 forward on the CPU, instantiated once per ISA kernel set.
+//
+// Per (batch, kv head) the team stages K and V as contiguous fp32 rows
+// (scratch.hpp), then runs work items (query head of the GQA group, Q tile)
+// in parallel. An item loads its Q tile once, transposed, and loops over the
+// K/V tiles the mask lets it see:
+//   S^T = K Q^T          (kBlockN, kBlockM), key-major so that the row-wise
+//                        softmax statistics are vertical vector operations
+//   online softmax       running max m and sum l per query in fp32, log2 units
+//   O  = alpha * O + P V (kBlockM, Dv)
+// and O is divided by l once at the end. Invariant after each tile: for every
+// query, O = sum_j exp2(s_j - m) v_j and l = sum_j exp2(s_j - m) over the keys
+// seen so far; a new maximum m' rescales both by alpha = exp2(m - m').
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/scratch.hpp"
+#include "cpu/tile_ops.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+template <class Isa>
+void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedKv& kv, const Sequence& seq,
+                int64_t b, int64_t h, int64_t m0) {
+  const int mq = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - m0));
+  const int d = static_cast<int>(p.head_dim);
+  const int dv = static_cast<int>(p.head_dim_v);
+  const ScoreContext ctx = score_context(p, seq, b, h);
+
+  const RowsView q_rows = rows_view(p.q, p.dtype, p.q_layout, b, seq.q_row0, h);
+  load_tile_transposed<Isa>(q_rows, m0, mq, d, w.q_t, kBlockM, w.row_tmp);
+  isa.pin_b(0, w.q_t, d, mq, kBlockM);
+
+  std::fill(w.o, w.o + static_cast<int64_t>(mq) * dv, 0.0f);
+  std::fill(w.row_max, w.row_max + mq, kNegInf);
+  std::fill(w.row_sum, w.row_sum + mq, 0.0f);
+
+  // Tiles stay on the kBlockN grid (dropout needs k0 % 4 == 0); tiles fully
+  // outside [key_begin, key_end) are never visited.
+  const int64_t key_begin = ctx.mask.key_begin(m0);
+  const int64_t key_end = ctx.mask.key_end(m0 + mq);
+  for (int64_t k0 = key_begin / kBlockN * kBlockN; k0 < key_end; k0 += kBlockN) {
+    const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+    const float* k_tile = kv.k + k0 * d;   // (nk, d)
+    const float* v_tile = kv.v + k0 * dv;  // (nk, dv)
+    const bool masked = !ctx.mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
+    // On a masked tile only some queries see one of its keys; the others
+    // keep their state untouched.
+    const QueryRange queries = masked ? visible_queries(ctx.mask, m0, mq, k0, nk) : QueryRange{0, mq};
+    const int q_lo = queries.lo, q_hi = queries.hi;
+    const int nq = q_hi - q_lo;
+    if (nq == 0) continue;
+    float* s_t = w.s_t + q_lo;  // (nk, nq), ld kBlockM
+    float* row_max = w.row_max + q_lo;
+    float* row_sum = w.row_sum + q_lo;
+    float* tile_max = w.tile_max + q_lo;
+    float* alpha = w.alpha + q_lo;
+    float* o = w.o + static_cast<int64_t>(q_lo) * dv;  // (nq, dv)
+    isa.gemm(nk, nq, d, k_tile, d, 1, w.q_t + q_lo, kBlockM, s_t, kBlockM, false);  // S^T (nk, nq)
+    const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, nullptr);
+
+    std::fill(tile_max, tile_max + nq, kNegInf);
+    for (int j = 0; j < nk; ++j) {
+      const float* s_row = s_t + j * kBlockM;
+      for (int i = 0; i < nq; ++i) tile_max[i] = std::max(tile_max[i], s_row[i]);
+    }
+    // alpha = exp2(m - m') as one vector exp2 over the tile's queries. A row
+    // that has seen no visible key keeps m = -inf: alpha = exp2(-inf) = 0
+    // (its O and l are 0 anyway), and the subtrahend 0 instead of -inf keeps
+    // exp2(s - m') at 0 rather than NaN.
+    for (int i = 0; i < nq; ++i) {
+      const float new_max = std::max(row_max[i], tile_max[i] * factor);
+      alpha[i] = row_max[i];
+      row_max[i] = new_max;
+      tile_max[i] = new_max == kNegInf ? 0.0f : new_max;  // now the subtrahend
+    }
+    isa.exp2_sub_vec(alpha, nq, 1.0f, tile_max);
+    for (int i = 0; i < nq; ++i) row_sum[i] *= alpha[i];
+    for (int j = 0; j < nk; ++j) isa.exp2_sub_vec_sum(s_t + j * kBlockM, nq, factor, tile_max, row_sum);
+    for (int i = 0; i < nq; ++i) {
+      if (alpha[i] == 1.0f) continue;  // the common case once the maxima settle
+      float* o_row = o + static_cast<int64_t>(i) * dv;
+      for (int c = 0; c < dv; ++c) o_row[c] *= alpha[i];
+    }
+    // The normalizer l uses the undropped P; only P V sees the dropout mask.
+    if (ctx.dropout.enabled) {
+      float* drop = w.drop + q_lo;
+      dropout_factors<true>(drop, kBlockM, ctx, m0 + q_lo, nq, k0, nk);
+      for (int j = 0; j < nk; ++j)
+        for (int i = 0; i < nq; ++i) s_t[j * kBlockM + i] *= drop[j * kBlockM + i];
+    }
+    isa.gemm(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv, true);  // O += P V (nq, dv)
+  }
+  isa.unpin_b(0);
+
+  for (int i = 0; i < mq; ++i) {
+    const float sum = w.row_sum[i];
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // a NaN sum (NaN input) stays NaN
+    float* o_row = w.o + static_cast<int64_t>(i) * dv;
+    for (int c = 0; c < dv; ++c) o_row[c] *= inv;
+  }
+  store_tile<Isa>(p.o, p.dtype, p.o_layout, b, seq.q_row0 + m0, h, mq, dv, w.o, dv, 1.0f, w.row_tmp);
+  if (p.lse != nullptr) {
+    float* lse = p.lse + b * p.lse_layout.batch + (seq.q_row0 + m0) * p.lse_layout.row + h * p.lse_layout.head;
+    for (int i = 0; i < mq; ++i) {
+      const float sum = w.row_sum[i];
+      // No visible key: log(0) = -inf would make exp(s - LSE) undefined in the
+      // backward; +inf makes every recomputed probability exactly 0.
+      lse[i * p.lse_layout.row] = sum == 0.0f ? kPosInf : (w.row_max[i] + std::log2(sum)) * kLn2;
+    }
+  }
+}
+
+template <class Isa>
+fa_status run_fwd(const FwdParams& p, void* workspace) {
+  char* base = align_workspace(workspace);
+  ScratchArena shared(base);
+  const StagedKv kv = carve_staged_kv(shared, p);
+  char* thread_base = base + fwd_shared_bytes(p);
+  const size_t thread_bytes = fwd_thread_bytes(p);
+  const int64_t group = p.heads / p.heads_kv;
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    ScratchArena arena(thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes);
+    const FwdScratch w = carve_fwd(arena, p);
+    Isa isa(w.isa);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Sequence seq = sequence_of(p, b);
+      if (seq.seqlen_q == 0) continue;
+      const int64_t q_tiles = ceil_div(seq.seqlen_q, kBlockM);
+      for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv) {
+        stage_rows<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
+                        static_cast<int>(p.head_dim), kv.k);
+        stage_rows<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
+                        static_cast<int>(p.head_dim_v), kv.v);
+        // (The barrier at the end of stage_rows publishes K and V.)
+        // Last Q tiles first: under a causal mask they see the most keys, and
+        // starting with them balances the dynamic schedule.
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < group * q_tiles; ++item) {
+          const int64_t q_tile = q_tiles - 1 - item % q_tiles;
+          fwd_q_tile<Isa>(isa, p, w, kv, seq, b, h_kv * group + item / q_tiles, q_tile * kBlockM);
+        }
+      }
+    }
+  }
+  return FA_OK;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace flashattn

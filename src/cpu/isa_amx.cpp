@@ -1,0 +1,312 @@
+// The AMX kernel set for bf16 tensors: the AVX-512 kernels with a gemm that
+// runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 * 32x16 bf16).
+//
+// The algorithm hands gemm fp32 tiles; gemm converts its operands to bf16
+// (round to nearest even) into the packed layouts AMX reads and accumulates
+// in fp32. For Q, K, V, dO this is exact (they came from bf16); P and dS are
+// rounded to bf16 before their products, as flash-attn does on GPUs.
+//   A packed: bf16 (m16, k32) row-major, m16/k32 = m, k rounded up to 16/32
+//   B packed: pairs (k32 / 2, n16) of bf16 words, (B[2t][j], B[2t+1][j]),
+//             the "VNNI" layout of TDPBF16PS
+// Padding is zero, so padded rows and columns add nothing.
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cpuid.h>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "common/half.hpp"
+#include "common/mask.hpp"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cpu/config.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/scratch.hpp"
+
+namespace flashattn {
+namespace cpu {
+
+// CPUID.(7,0).EDX: bit 22 AMX-BF16, bit 24 AMX-TILE; then Linux must grant
+// this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM).
+bool amx_supported() {
+  static const bool supported = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if ((edx & (1u << 22)) == 0 || (edx & (1u << 24)) == 0) return false;
+    if (!avx512_supported() || !__builtin_cpu_supports("avx512bf16")) return false;
+#if defined(__linux__)
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return supported;
+}
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,amx-tile,amx-bf16")
+// GCC 12's intrinsic headers seed results with `__m512i __Y = __Y;` and then
+// warn about it; the warnings say nothing about this file.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "cpu/avx512_kernels.hpp"
+#include "cpu/bwd_impl.hpp"
+#include "cpu/fwd_impl.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// Palette 1, all eight tiles 16 rows x 64 bytes.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+  AmxTileConfig() {
+    for (int t = 0; t < 8; ++t) {
+      bytes_per_row[t] = 64;
+      rows[t] = 16;
+    }
+  }
+};
+
+// Interleaves two rows of 16 fp32 into 16 bf16 pairs (r0[j], r1[j]).
+__m512i pair_rows(__m512 r0, __m512 r1) {
+  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // r0 in words 0..15, r1 in 16..31
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, both);
+}
+
+// In-register transpose of a 16 x 16 block of 32-bit words.
+void transpose16x16(__m512i rows[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    rows[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    rows[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    rows[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    rows[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+__m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
+  return present ? _mm512_maskz_loadu_ps(mask, row) : _mm512_setzero_ps();
+}
+
+struct AmxKernels : Avx512Kernels {
+  struct PinnedB {
+    const float* source = nullptr;
+    int k = 0, n = 0;
+    int64_t ldb = 0;
+    uint32_t* packed = nullptr;
+  };
+
+  uint16_t* a_packed;  // (kMaxGemmRows, kMaxGemmDim) bf16
+  uint32_t* b_packed;  // (kMaxGemmDim / 2, kMaxGemmRows) bf16 pairs
+  float* c_staging;    // (kMaxGemmRows, kMaxGemmDim)
+  PinnedB pinned[kPinnedOperands];
+
+  explicit AmxKernels(void* scratch) : Avx512Kernels(scratch) {
+    ScratchArena arena(static_cast<char*>(scratch));
+    const size_t b_bytes = size_t{kMaxGemmDim} * kMaxGemmRows * 2;
+    a_packed = static_cast<uint16_t*>(arena.take_bytes(size_t{kMaxGemmRows} * kMaxGemmDim * 2));
+    b_packed = static_cast<uint32_t*>(arena.take_bytes(b_bytes));
+    for (PinnedB& pin : pinned) pin.packed = static_cast<uint32_t*>(arena.take_bytes(b_bytes));
+    c_staging = arena.take_floats(int64_t{kMaxGemmRows} * kMaxGemmDim);
+  }
+
+  void pin_b(int slot, const float* b, int k, int n, int64_t ldb) {
+    PinnedB& pin = pinned[slot];
+    pack_b(k, n, b, ldb, round_up(std::max(k, 1), 32), round_up(n, 16), pin.packed);
+    pin.source = b;
+    pin.k = k;
+    pin.n = n;
+    pin.ldb = ldb;
+  }
+
+  void unpin_b(int slot) { pinned[slot].source = nullptr; }
+
+  // The packed B operand and its row length in pairs: a pinned operand, or a
+  // column window of one that starts on a 16-column tile, is used as packed.
+  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& row_pairs) {
+    for (const PinnedB& pin : pinned) {
+      if (pin.source == nullptr || pin.k != k || pin.ldb != ldb || b < pin.source) continue;
+      const int64_t offset = b - pin.source;
+      if (offset % 16 != 0 || offset + n > pin.n) continue;
+      row_pairs = round_up(pin.n, 16);
+      return pin.packed + offset;
+    }
+    pack_b(k, n, b, ldb, k32, n16, b_packed);
+    row_pairs = n16;
+    return b_packed;
+  }
+
+  // A element (i, l) at a[i * a_row + l * a_col] -> dst (m16, k32).
+  static void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32,
+                     uint16_t* dst_rows) {
+    if (a_col == 1) {
+      for (int i = 0; i < m16; ++i) {
+        uint16_t* dst = dst_rows + static_cast<int64_t>(i) * k32;
+        const float* src = a + i * a_row;
+        for (int l = 0; l < k32; l += 32) {
+          const __m512 lo = load_or_zero(src + l, i < m, lanes_mask(k - l));
+          const __m512 hi = load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16));
+          _mm512_storeu_si512(dst + l, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+        }
+      }
+      return;
+    }
+    // Transposed source (a_row == 1, the only other layout the algorithm uses): pair rows l, l+1 of the (k, m) source,
+    // then transpose 16 x 16 blocks of pairs into rows of A.
+    const int pairs = k32 / 2;
+    for (int i0 = 0; i0 < m16; i0 += 16) {
+      const __mmask16 mask = lanes_mask(m - i0);
+      for (int t0 = 0; t0 < pairs; t0 += 16) {
+        __m512i block[16];
+        for (int t = 0; t < 16; ++t) {
+          const int l = 2 * (t0 + t);
+          const __m512 r0 = load_or_zero(a + l * a_col + i0 * a_row, l < k, mask);
+          const __m512 r1 = load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask);
+          block[t] = pair_rows(r0, r1);
+        }
+        transpose16x16(block);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst_rows + static_cast<int64_t>(i0 + i) * k32 + 2 * t0, block[i]);
+      }
+    }
+  }
+
+  // B (k, n) row-major -> dst (k32 / 2, n16) pairs.
+  static void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_t* dst_rows) {
+    for (int t = 0; t < k32 / 2; ++t) {
+      const int l = 2 * t;
+      uint32_t* dst = dst_rows + static_cast<int64_t>(t) * n16;
+      for (int j = 0; j < n16; j += 16) {
+        const __mmask16 mask = lanes_mask(n - j);
+        const __m512 r0 = load_or_zero(b + l * ldb + j, l < k, mask);
+        const __m512 r1 = load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask);
+        _mm512_storeu_si512(dst + j, pair_rows(r0, r1));
+      }
+    }
+  }
+
+  // C blocks of (16 * kRowTiles, 16 * kColTiles): A and B tiles are loaded
+  // once per 32-wide k step and feed kRowTiles * kColTiles products.
+  template <int kRowTiles, int kColTiles>
+  void amx_block(const uint16_t* a_rows_packed, const uint32_t* b_pairs, int64_t row_pairs, int i0, int j0, int k32, float* c, int64_t ldc,
+                 bool accumulate) {
+    float* c00 = c + i0 * ldc + j0;
+    const int64_t c_stride = ldc * 4;
+    if (accumulate) {
+      _tile_loadd(0, c00, c_stride);
+      if (kColTiles > 1) _tile_loadd(1, c00 + 16, c_stride);
+      if (kRowTiles > 1) _tile_loadd(2, c00 + 16 * ldc, c_stride);
+      if (kRowTiles > 1 && kColTiles > 1) _tile_loadd(3, c00 + 16 * ldc + 16, c_stride);
+    } else {
+      _tile_zero(0);
+      if (kColTiles > 1) _tile_zero(1);
+      if (kRowTiles > 1) _tile_zero(2);
+      if (kRowTiles > 1 && kColTiles > 1) _tile_zero(3);
+    }
+    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * k32;
+    const int64_t a_stride = static_cast<int64_t>(k32) * 2;
+    const int64_t b_stride = row_pairs * 4;
+    for (int l = 0; l < k32; l += 32) {
+      const uint32_t* b_rows = b_pairs + static_cast<int64_t>(l / 2) * row_pairs + j0;
+      _tile_loadd(4, a_rows + l, a_stride);
+      _tile_loadd(6, b_rows, b_stride);
+      if (kRowTiles > 1) _tile_loadd(5, a_rows + 16 * k32 + l, a_stride);
+      if (kColTiles > 1) _tile_loadd(7, b_rows + 16, b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if (kColTiles > 1) _tile_dpbf16ps(1, 4, 7);
+      if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
+      if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c00, c_stride);
+    if (kColTiles > 1) _tile_stored(1, c00 + 16, c_stride);
+    if (kRowTiles > 1) _tile_stored(2, c00 + 16 * ldc, c_stride);
+    if (kRowTiles > 1 && kColTiles > 1) _tile_stored(3, c00 + 16 * ldc + 16, c_stride);
+  }
+
+  void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+            float* c, int64_t ldc, bool accumulate) {
+    if (m <= 0 || n <= 0) return;
+    const int m16 = round_up(m, 16), n16 = round_up(n, 16), k32 = round_up(std::max(k, 1), 32);
+    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
+    int64_t row_pairs = 0;
+    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, row_pairs);
+    // Tiles write whole 16 x 16 blocks: straight into C when they fit its
+    // rows and columns, else through the staging tile. Padded staging
+    // elements hold stale values; each output element depends only on its
+    // own input element, so they never reach C.
+    const bool direct = m == m16 && n == n16;
+    float* target = direct ? c : c_staging;
+    const int64_t ld = direct ? ldc : n16;
+    if (!direct && accumulate)
+      for (int i = 0; i < m; ++i) std::memcpy(c_staging + i * ld, c + i * ldc, sizeof(float) * n);
+
+    static const AmxTileConfig config;
+    _tile_loadconfig(&config);
+    run_blocks(a_packed, b_pairs, row_pairs, m16, n16, k32, target, ld, accumulate);
+    _tile_release();
+    if (!direct)
+      for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
+  }
+
+  void run_blocks(const uint16_t* a_rows, const uint32_t* b_pairs, int64_t row_pairs, int m16, int n16, int k32,
+                  float* target, int64_t ld, bool accumulate) {
+    int i0 = 0;
+    for (; i0 + 32 <= m16; i0 += 32) {
+      int j0 = 0;
+      for (; j0 + 32 <= n16; j0 += 32) amx_block<2, 2>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+      if (j0 < n16) amx_block<2, 1>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+    }
+    if (i0 < m16) {
+      int j0 = 0;
+      for (; j0 + 32 <= n16; j0 += 32) amx_block<1, 2>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+      if (j0 < n16) amx_block<1, 1>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+    }
+  }
+};
+
+}  // namespace
+
+IsaBackend amx_backend() { return IsaBackend{"amx", &run_fwd<AmxKernels>, &run_bwd<AmxKernels>}; }
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options

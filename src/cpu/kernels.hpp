@@ -1,0 +1,40 @@
+// The entry points of each ISA build of the backend and the dispatcher's
+// choice between them. Every ISA translation unit instantiates the same
+// algorithm (fwd_impl.hpp, bwd_impl.hpp) over its own kernel set:
+//   gemm            C (m, n) (+)= A (m, k) B (k, n); A element (i, l) at
+//                   a[i * a_row + l * a_col] so A can be read transposed;
+//                   B and C row-major
+//   exp2_sub_vec    x[i] = exp2(x[i] * mul - sub[i])
+//   exp2_sub_vec_sum  the same, and sum[i] += x[i]
+//   exp2_sub_scalar x[i] = exp2(x[i] * mul - sub)
+//   load_row        n elements of dtype -> fp32
+//   store_row       n fp32 -> dtype, round to nearest even
+//   pin_b(slot, b, k, n, ldb) / unpin_b(slot)
+//                   promise that B operand b keeps its contents until unpinned,
+//                   so a kernel set that repacks B (AMX) packs it once; a gemm
+//                   on a column window b + 16 * t of it reuses the packing
+#pragma once
+
+#include "common/params.hpp"
+
+namespace flashattn {
+namespace cpu {
+
+struct IsaBackend {
+  const char* name;
+  fa_status (*fwd)(const FwdParams&, void*);
+  fa_status (*bwd)(const BwdParams&, void*);
+};
+
+// Plain C++ the compiler vectorizes for the baseline target; runs anywhere.
+IsaBackend generic_backend();
+// AVX-512F/BW/VL/DQ + FMA; only called when the CPU reports those features.
+IsaBackend avx512_backend();
+bool avx512_supported();
+// AVX-512 plus AMX-BF16 tiles, for bf16 tensors; only called when
+// amx_supported() (which also asks Linux for the tile state) says yes.
+IsaBackend amx_backend();
+bool amx_supported();
+
+}  // namespace cpu
+}  // namespace flashattn
