@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fa_ctypes  # noqa: E402
+from fa_ctypes import FlashAttn  # noqa: E402
 
 SHAPES = [(1, 16, 4096, 128), (4, 8, 1024, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -34,7 +34,7 @@ def median_seconds(fn, reps):
     return statistics.median(times)
 
 
-def run_case(b, h, n, d, dtype, causal, threads, reps):
+def run_case(fa, b, h, n, d, dtype, causal, threads, reps):
     gen = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(b, h, n, d, generator=gen).to(dtype) for _ in range(4))
 
@@ -53,18 +53,17 @@ def run_case(b, h, n, d, dtype, causal, threads, reps):
     lse = torch.empty(b, h, n, dtype=torch.float32)
     dq, dk, dv = (torch.empty_like(q) for _ in range(3))
     bshd = lambda t: t.transpose(1, 2)  # noqa: E731  (B,H,N,D) storage seen as (B,N,H,D)
-    opts = fa_ctypes.options(causal=causal, num_threads=threads)
-    fwd_args = fa_ctypes.forward_args(bshd(q), bshd(k), bshd(v), bshd(out), lse, opts)
-    bwd_args = fa_ctypes.backward_args(bshd(dout), bshd(q), bshd(k), bshd(v), bshd(out), lse, bshd(dq), bshd(dk),
-                                       bshd(dv), opts)
+    fwd_args = fa.fwd_args(bshd(q), bshd(k), bshd(v), bshd(out), lse, causal=causal, num_threads=threads)
+    bwd_args = fa.bwd_args(bshd(dout), bshd(q), bshd(k), bshd(v), bshd(out), lse, bshd(dq), bshd(dk), bshd(dv),
+                           causal=causal, num_threads=threads)
 
     def ours_fwdbwd():
-        fa_ctypes.fwd(fwd_args)
-        fa_ctypes.bwd(bwd_args)
+        fa.fwd(fwd_args)
+        fa.bwd(bwd_args)
 
     row = {"B": b, "H": h, "N": n, "D": d, "dtype": str(dtype).split(".")[-1], "causal": causal, "threads": threads}
     row["torch_fwd_s"] = median_seconds(torch_fwd, reps)
-    row["ours_fwd_s"] = median_seconds(lambda: fa_ctypes.fwd(fwd_args), reps)
+    row["ours_fwd_s"] = median_seconds(lambda: fa.fwd(fwd_args), reps)
     row["torch_fwdbwd_s"] = median_seconds(torch_fwdbwd, reps)
     row["ours_fwdbwd_s"] = median_seconds(ours_fwdbwd, reps)
     # Same function: our output against torch's, in fp32.
@@ -90,11 +89,12 @@ def main():
     header = f"{'B,H,N,D':<14} {'dtype':<9} {'causal':<6} | {'torch fwd':>9} {'ours fwd':>9} {'x':>5} | " \
              f"{'torch f+b':>9} {'ours f+b':>9} {'x':>5} | {'max diff':>8}"
     print(header)
+    fa = FlashAttn()
     rows = []
     for b, h, n, d in SHAPES:
         for name in args.dtypes.split(","):
             for causal in (False, True):
-                r = run_case(b, h, n, d, DTYPES[name], causal, args.threads, args.reps)
+                r = run_case(fa, b, h, n, d, DTYPES[name], causal, args.threads, args.reps)
                 rows.append(r)
                 print(f"{f'{b},{h},{n},{d}':<14} {r['dtype']:<9} {str(causal):<6} | {r['torch_fwd_gflops']:9.1f} "
                       f"{r['ours_fwd_gflops']:9.1f} {r['fwd_speedup']:5.2f} | {r['torch_fwdbwd_gflops']:9.1f} "

@@ -1,17 +1,22 @@
-"""ctypes binding of the flashattn C API for the benchmarks (torch tensors in, no copies).
+"""A small ctypes binding of the flashattn C API for the benchmarks (CPU and GPU).
 
-The Python package proper is a separate piece of work; this module only lets a
-benchmark call libflashattn in the same process as torch.
+Loads build/libflashattn.so (or $FLASHATTN_LIB), describes torch tensors as
+fa_tensor views (data_ptr, shape, strides in elements) and passes
+torch.cuda.current_stream().cuda_stream as the call's stream. The structures
+mirror include/flashattn/flashattn.h field for field.
 """
 import ctypes
 import os
-from pathlib import Path
+
+import torch
 
 FA_MAX_RANK = 4
-_DTYPES = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2, "torch.int32": 3}
+FA_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+FA_DEVICE_CPU, FA_DEVICE_CUDA = 0, 1
+FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT = 0, 1
 
 
-class Tensor(ctypes.Structure):
+class FaTensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("dtype", ctypes.c_int),
@@ -23,7 +28,7 @@ class Tensor(ctypes.Structure):
     ]
 
 
-class Options(ctypes.Structure):
+class FaOptions(ctypes.Structure):
     _fields_ = [
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int32),
@@ -40,120 +45,111 @@ class Options(ctypes.Structure):
     ]
 
 
-class FwdArgs(ctypes.Structure):
-    _fields_ = [(name, Tensor) for name in ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")] + [
-        ("max_seqlen_q", ctypes.c_int32),
-        ("max_seqlen_k", ctypes.c_int32),
-        ("alibi_slopes", Tensor),
-        ("opts", Options),
-    ]
-
-
-class BwdArgs(ctypes.Structure):
+class FaFwdArgs(ctypes.Structure):
     _fields_ = [
-        (name, Tensor)
-        for name in ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k")
-    ] + [
-        ("max_seqlen_q", ctypes.c_int32),
-        ("max_seqlen_k", ctypes.c_int32),
-        ("alibi_slopes", Tensor),
-        ("opts", Options),
+        ("q", FaTensor), ("k", FaTensor), ("v", FaTensor), ("out", FaTensor), ("lse", FaTensor),
+        ("cu_seqlens_q", FaTensor), ("cu_seqlens_k", FaTensor),
+        ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
+        ("alibi_slopes", FaTensor), ("opts", FaOptions),
     ]
 
 
-def _load():
-    path = os.environ.get("FLASHATTN_LIB") or str(Path(__file__).resolve().parents[1] / "build" / "libflashattn.so")
-    lib = ctypes.CDLL(path)
-    lib.fa_fwd.argtypes = [ctypes.POINTER(FwdArgs), ctypes.c_void_p, ctypes.c_size_t]
-    lib.fa_bwd.argtypes = [ctypes.POINTER(BwdArgs), ctypes.c_void_p, ctypes.c_size_t]
-    lib.fa_fwd_workspace_size.argtypes = [ctypes.POINTER(FwdArgs), ctypes.POINTER(ctypes.c_size_t)]
-    lib.fa_bwd_workspace_size.argtypes = [ctypes.POINTER(BwdArgs), ctypes.POINTER(ctypes.c_size_t)]
-    lib.fa_options_init.argtypes = [ctypes.POINTER(Options)]
-    lib.fa_last_error.restype = ctypes.c_char_p
-    return lib
+class FaBwdArgs(ctypes.Structure):
+    _fields_ = [
+        ("dout", FaTensor), ("q", FaTensor), ("k", FaTensor), ("v", FaTensor), ("out", FaTensor),
+        ("lse", FaTensor), ("dq", FaTensor), ("dk", FaTensor), ("dv", FaTensor),
+        ("cu_seqlens_q", FaTensor), ("cu_seqlens_k", FaTensor),
+        ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
+        ("alibi_slopes", FaTensor), ("opts", FaOptions),
+    ]
 
 
-_lib = None
+def _default_library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.environ.get("FLASHATTN_LIB", os.path.join(here, "..", "..", "build", "libflashattn.so"))
 
 
-def lib():
-    global _lib
-    if _lib is None:
-        _lib = _load()
-    return _lib
+class FlashAttn:
+    def __init__(self, path=None):
+        self.lib = ctypes.CDLL(path or _default_library())
+        lib = self.lib
+        lib.fa_fwd_args_init.argtypes = [ctypes.POINTER(FaFwdArgs)]
+        lib.fa_bwd_args_init.argtypes = [ctypes.POINTER(FaBwdArgs)]
+        for name, args_type in (("fa_fwd", FaFwdArgs), ("fa_bwd", FaBwdArgs)):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.POINTER(args_type), ctypes.c_void_p, ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+            size_fn = getattr(lib, name + "_workspace_size")
+            size_fn.argtypes = [ctypes.POINTER(args_type), ctypes.POINTER(ctypes.c_size_t)]
+            size_fn.restype = ctypes.c_int
+        lib.fa_last_error.restype = ctypes.c_char_p
+        lib.fa_has_cuda.restype = ctypes.c_int32
 
-
-def tensor(t):
-    """A view of a torch tensor (or an absent tensor for None)."""
-    view = Tensor()
-    if t is None:
+    @staticmethod
+    def tensor(t):
+        """fa_tensor view of a torch tensor (None: absent)."""
+        view = FaTensor()
+        if t is None:
+            return view
+        view.data = t.data_ptr()
+        view.dtype = FA_DTYPE[t.dtype]
+        view.device = FA_DEVICE_CUDA if t.is_cuda else FA_DEVICE_CPU
+        view.device_index = (t.device.index or 0) if t.is_cuda else 0
+        view.rank = t.dim()
+        for d in range(t.dim()):
+            view.shape[d] = t.shape[d]
+            view.strides[d] = t.stride(d)
         return view
-    view.data = t.data_ptr()
-    view.dtype = _DTYPES[str(t.dtype)]
-    view.device = 1 if t.is_cuda else 0
-    view.device_index = (t.device.index or 0) if t.is_cuda else 0
-    view.rank = t.dim()
-    for d in range(t.dim()):
-        view.shape[d] = t.shape[d]
-        view.strides[d] = t.stride(d)
-    return view
 
+    def _check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what} failed ({status}): {self.lib.fa_last_error().decode()}")
 
-def options(causal=False, top_left=False, window=(-1, -1), softcap=0.0, scale=0.0, dropout_p=0.0, seed=0,
-            offset=0, deterministic=False, num_threads=0, stream=None):
-    opts = Options()
-    lib().fa_options_init(ctypes.byref(opts))
-    opts.causal = int(causal)
-    opts.alignment = 1 if top_left else 0
-    opts.window_left, opts.window_right = window
-    opts.softcap = softcap
-    opts.softmax_scale = scale
-    opts.dropout_p = dropout_p
-    opts.dropout_seed = seed
-    opts.dropout_offset = offset
-    opts.deterministic = int(deterministic)
-    opts.num_threads = num_threads
-    opts.stream = stream
-    return opts
+    @staticmethod
+    def _options(opts, on_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads):
+        opts.causal = 1 if causal else 0
+        opts.num_threads = num_threads
+        opts.deterministic = 1 if deterministic else 0
+        opts.softmax_scale = softmax_scale
+        opts.dropout_p = dropout_p
+        opts.dropout_seed = seed
+        opts.stream = torch.cuda.current_stream().cuda_stream if on_cuda else None
 
+    def fwd_args(self, q, k, v, out, lse=None, causal=False, softmax_scale=0.0, dropout_p=0.0, seed=0,
+                 num_threads=0):
+        args = FaFwdArgs()
+        self.lib.fa_fwd_args_init(ctypes.byref(args))
+        args.q, args.k, args.v = self.tensor(q), self.tensor(k), self.tensor(v)
+        args.out, args.lse = self.tensor(out), self.tensor(lse)
+        self._options(args.opts, q.is_cuda, causal, False, softmax_scale, dropout_p, seed, num_threads)
+        return args
 
-def _check(status):
-    if status != 0:
-        raise RuntimeError(lib().fa_last_error().decode())
+    def bwd_args(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False, softmax_scale=0.0,
+                 dropout_p=0.0, seed=0, num_threads=0):
+        args = FaBwdArgs()
+        self.lib.fa_bwd_args_init(ctypes.byref(args))
+        args.dout, args.q, args.k, args.v = self.tensor(dout), self.tensor(q), self.tensor(k), self.tensor(v)
+        args.out, args.lse = self.tensor(out), self.tensor(lse)
+        args.dq, args.dk, args.dv = self.tensor(dq), self.tensor(dk), self.tensor(dv)
+        self._options(args.opts, q.is_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads)
+        return args
 
+    def fwd_workspace_size(self, args):
+        size = ctypes.c_size_t(0)
+        self._check(self.lib.fa_fwd_workspace_size(ctypes.byref(args), ctypes.byref(size)), "fa_fwd_workspace_size")
+        return size.value
 
-def forward_args(q, k, v, out, lse, opts, alibi=None):
-    args = FwdArgs()
-    args.q, args.k, args.v, args.out, args.lse = (tensor(t) for t in (q, k, v, out, lse))
-    args.alibi_slopes = tensor(alibi)
-    args.opts = opts
-    return args
+    def bwd_workspace_size(self, args):
+        size = ctypes.c_size_t(0)
+        self._check(self.lib.fa_bwd_workspace_size(ctypes.byref(args), ctypes.byref(size)), "fa_bwd_workspace_size")
+        return size.value
 
+    def fwd(self, args, workspace=None):
+        ptr = workspace.data_ptr() if workspace is not None and workspace.numel() > 0 else None
+        nbytes = workspace.numel() if workspace is not None else 0
+        self._check(self.lib.fa_fwd(ctypes.byref(args), ptr, nbytes), "fa_fwd")
 
-def backward_args(dout, q, k, v, out, lse, dq, dk, dv, opts, alibi=None):
-    args = BwdArgs()
-    (args.dout, args.q, args.k, args.v, args.out, args.lse, args.dq, args.dk, args.dv) = (
-        tensor(t) for t in (dout, q, k, v, out, lse, dq, dk, dv))
-    args.alibi_slopes = tensor(alibi)
-    args.opts = opts
-    return args
-
-
-def fwd(args):
-    _check(lib().fa_fwd(ctypes.byref(args), None, 0))
-
-
-def bwd(args):
-    _check(lib().fa_bwd(ctypes.byref(args), None, 0))
-
-
-def fwd_workspace_bytes(args):
-    size = ctypes.c_size_t()
-    _check(lib().fa_fwd_workspace_size(ctypes.byref(args), ctypes.byref(size)))
-    return size.value
-
-
-def bwd_workspace_bytes(args):
-    size = ctypes.c_size_t()
-    _check(lib().fa_bwd_workspace_size(ctypes.byref(args), ctypes.byref(size)))
-    return size.value
+    def bwd(self, args, workspace=None):
+        ptr = workspace.data_ptr() if workspace is not None and workspace.numel() > 0 else None
+        nbytes = workspace.numel() if workspace is not None else 0
+        self._check(self.lib.fa_bwd(ctypes.byref(args), ptr, nbytes), "fa_bwd")

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, compute-sanitizer subset,
+# benchmark. Logs and JSON go to $OUT; a short table is printed last.
+#
+#   device tool: run(command="bash scripts/device_run.sh", carry=["build-deps"])
+#
+# build-deps/googletest (a copy of /usr/src/googletest, git-ignored) is built
+# first when the machine has no GTest. Environment knobs:
+#   FA_STAGES="build test sanitize bench cpu"  stages to run (default; add "alt" for the A/B tile build)
+#   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
+#   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
+#   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
+#   FA_SANITIZERS="memcheck racecheck"       compute-sanitizer tools
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fa_out}
+mkdir -p "$OUT"
+STAGES=${FA_STAGES:-"build test sanitize bench cpu"}  # also: alt
+JOBS=$(nproc)
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+note "== device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null), $JOBS cores"
+note "== nvcc: $(nvcc --version | tail -1)"
+
+if has_stage build; then
+  GTEST_ARGS=()
+  if [ -d build-deps/googletest ] && ! ls /usr/lib/x86_64-linux-gnu/libgtest* >/dev/null 2>&1 &&
+    ! ls /usr/local/lib/libgtest* >/dev/null 2>&1; then
+    cmake -S build-deps/googletest -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gtest >"$OUT/build.log" 2>&1 &&
+      ninja -C /tmp/gtest-build install >>"$OUT/build.log" 2>&1 || { note "gtest build FAILED"; }
+    GTEST_ARGS=(-DGTest_ROOT=/tmp/gtest)
+  fi
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+    -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128;192;256}" "${GTEST_ARGS[@]}" >>"$OUT/build.log" 2>&1 ||
+    { note "cmake FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1; }
+  start=$(date +%s%N)
+  ninja -C build -j "$JOBS" flashattn >>"$OUT/build.log" 2>&1 || { note "library build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
+  lib_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  note "== libflashattn (all CUDA kernels, sm_80 + sm_90a, -j$JOBS): $((lib_ms / 1000)).$(( (lib_ms % 1000) / 100 )) s"
+  ninja -C build -j "$JOBS" test_gpu >>"$OUT/build.log" 2>&1 || { note "test build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
+fi
+
+if has_stage test; then
+  start=$(date +%s)
+  if [ -n "${FA_TEST_FILTER:-}" ]; then
+    timeout "${FA_TEST_TIMEOUT:-240}" ./build/tests/gpu/test_gpu --gtest_filter="$FA_TEST_FILTER" >"$OUT/gpu_tests.log" 2>&1
+    status=$?
+  else
+    (cd build && timeout "${FA_TEST_TIMEOUT:-240}" ctest -L gpu -LE slow -j 8 --output-on-failure --timeout 120) >"$OUT/gpu_tests.log" 2>&1
+    status=$?
+  fi
+  note "== GPU tests: exit $status in $(( $(date +%s) - start )) s: $(grep -E 'tests passed|PASSED|FAILED  *\]' "$OUT/gpu_tests.log" | head -3 | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failed|\*\*\*Failed" "$OUT/gpu_tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+if has_stage sanitize; then
+  # Sanitizer output goes into gpu_tests.log: at most 8 files come back from $OUT.
+SANITIZER_LOG="$OUT/gpu_tests.log"
+  for tool in ${FA_SANITIZERS:-memcheck racecheck}; do
+    timeout "${FA_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 ./build/tests/gpu/test_gpu \
+      --gtest_filter='GpuSanitizer.*:GpuDropout.*' >>"$SANITIZER_LOG" 2>&1
+    status=$?
+    note "== compute-sanitizer $tool: exit $status, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$SANITIZER_LOG" | tail -1)"
+  done
+fi
+
+if has_stage bench; then
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_BENCH_TIMEOUT:-300}" \
+    python3 bench/gpu/bench_gpu.py --out "$OUT" ${FA_BENCH_ARGS:-} >"$OUT/bench_table.txt" 2>"$OUT/bench_stderr.log"
+  note "== benchmark exit $?"
+  tail -5 "$OUT/bench_stderr.log" >>"$SUMMARY"
+fi
+
+# The CPU backend against torch's CPU SDPA on this host's cores, same process.
+if has_stage cpu; then
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_CPU_TIMEOUT:-150}" \
+    python3 bench/cpu_vs_torch.py --threads "${FA_CPU_THREADS:-$JOBS}" --reps 3 --json "$OUT/cpu_vs_torch.json" \
+    >/tmp/cpu_vs_torch.txt 2>&1
+  note "== CPU vs torch exit $?"
+  cat /tmp/cpu_vs_torch.txt >>"$OUT/bench_table.txt"
+fi
+
+# A/B: alternative tiles in a second library (bf16, hdim 64/128/256 only), timed
+# ours-only after the main benchmark. FA_ALT_* override the alternative tiles.
+if has_stage alt; then
+  ALT_FWD128=${FA_ALT_FWD128:-128,64,8}
+  ALT_BWD64=${FA_ALT_BWD64:-64,128,8,4,4,2,2}
+  ALT_BWD128=${FA_ALT_BWD128:-64,128,8,4,4,2,2}
+  ALT_BWD256=${FA_ALT_BWD256:-64,64,8,4,4,4,2}
+  cmake -S . -B build-alt -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" -DFLASHATTN_CUDA_DTYPES=bf16 \
+    -DFLASHATTN_CUDA_FWD128_TILE="$ALT_FWD128" -DFLASHATTN_CUDA_BWD64_TILE="$ALT_BWD64" \
+    -DFLASHATTN_CUDA_BWD128_TILE="$ALT_BWD128" -DFLASHATTN_CUDA_BWD256_TILE="$ALT_BWD256" \
+    >/tmp/alt_build.log 2>&1 && ninja -C build-alt -j "$JOBS" flashattn >>/tmp/alt_build.log 2>&1 &&
+    mkdir -p /tmp/alt && PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build-alt/libflashattn.so timeout 150 \
+      python3 bench/gpu/bench_gpu.py --out /tmp/alt --ours-only --skip-extra --dtypes bf16 \
+      --label "alt" >>"$OUT/bench_table.txt" 2>&1
+  note "== A/B (alt: fwd128 $ALT_FWD128, bwd64 $ALT_BWD64, bwd128 $ALT_BWD128, bwd256 $ALT_BWD256) exit $?"
+  tail -3 /tmp/alt_build.log >>"$SUMMARY"
+fi
+
+cat "$SUMMARY"
+[ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"
+exit 0

@@ -1,0 +1,230 @@
+// The flashattn::cuda backend: what only CUDA knows (dtype support, device,
+// alignment), the exact workspace layout, and the dispatch from runtime
+// params to the compiled (dtype, head-dim class, diagonal mask) launchers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <type_traits>
+
+#include "backend.hpp"
+#include "cuda/launch.hpp"
+#include "cuda/tile_config.hpp"
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_HAS_HEADDIM_<d>, _HAS_FP16, _HAS_BF16
+
+namespace flashattn::cuda {
+namespace {
+
+constexpr size_t kWorkspaceAlignment = 256;
+// dQ is accumulated in fp32 for at most this many bytes at a time; longer
+// problems run the backward in passes over slices of query heads, which keeps
+// the extra memory of a long-sequence backward near the O(N) floor.
+constexpr size_t kDqAccumBudgetBytes = size_t(256) << 20;
+
+size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+bool dtype_compiled(fa_dtype dtype) {
+  return (dtype == FA_DTYPE_FP16 && FLASHATTN_CUDA_HAS_FP16) || (dtype == FA_DTYPE_BF16 && FLASHATTN_CUDA_HAS_BF16);
+}
+
+template <class Fn>
+fa_status dispatch_dtype(fa_dtype dtype, Fn&& fn) {
+#if FLASHATTN_CUDA_HAS_FP16
+  if (dtype == FA_DTYPE_FP16) return fn(fp16_tag{});
+#endif
+#if FLASHATTN_CUDA_HAS_BF16
+  if (dtype == FA_DTYPE_BF16) return fn(bf16_tag{});
+#endif
+  (void)fn;
+  return fail(FA_ERROR_UNSUPPORTED, "q: dtype %s is not supported by this CUDA build", dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+}
+
+template <class Fn>
+fa_status dispatch_bool(bool value, Fn&& fn) {
+  return value ? fn(std::true_type{}) : fn(std::false_type{});
+}
+
+template <class Fn>
+fa_status dispatch_head_dim(int head_dim_class_value, Fn&& fn) {
+  switch (head_dim_class_value) {
+#if FLASHATTN_CUDA_HAS_HEADDIM_64
+    case 64: return fn(std::integral_constant<int, 64>{});
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_128
+    case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_192
+    case 192: return fn(std::integral_constant<int, 192>{});
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_256
+    case 256: return fn(std::integral_constant<int, 256>{});
+#endif
+    default: break;
+  }
+  return fail(FA_ERROR_INTERNAL, "head-dim class %d: expected a compiled class", head_dim_class_value);
+}
+
+// Causal or sliding window: tiles near a diagonal need the full mask.
+bool mask_diagonal(const AttnParams& params) { return params.window_left >= 0 || params.window_right >= 0; }
+
+// Makes device_index current for the call and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device_index) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device_index) {
+      status_ = cudaSetDevice(device_index);
+      switched_ = status_ == cudaSuccess;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+bool strides_multiple_of_8(const TensorLayout& layout) {
+  return layout.batch % 8 == 0 && layout.row % 8 == 0 && layout.head % 8 == 0;
+}
+
+// Rows are moved in 16-byte chunks. An empty tensor is never read or written.
+fa_status check_operand(const char* name, const void* data, const TensorLayout& layout, int64_t rows) {
+  if (rows == 0) return FA_OK;
+  if (!aligned16(data) || !strides_multiple_of_8(layout))
+    return fail(FA_ERROR_UNSUPPORTED,
+                "%s: the CUDA backend expects a 16-byte aligned data pointer and batch/row/head strides that are "
+                "multiples of 8 elements, got pointer %p and strides (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+                name, data, layout.batch, layout.row, layout.head);
+  return FA_OK;
+}
+
+}  // namespace
+
+int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t needed = std::max(head_dim, head_dim_v);
+  const int classes[] = {
+#if FLASHATTN_CUDA_HAS_HEADDIM_64
+      64,
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_128
+      128,
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_192
+      192,
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_256
+      256,
+#endif
+      0};
+  for (int value : classes)
+    if (value >= needed) return value;
+  return 0;
+}
+
+BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_value) {
+  BwdWorkspace layout;
+  const int64_t group = params.heads / params.heads_kv;
+  const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float);
+  int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
+  heads = std::max<int64_t>(group, heads / group * group);
+  layout.heads_per_pass = static_cast<int>(std::min<int64_t>(heads, params.heads));
+  const int block_m = bwd_tile_config(head_dim_class_value).block_m;
+  const int64_t m_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  layout.dq_accum_bytes = bytes_per_head * layout.heads_per_pass;
+  layout.delta_bytes = size_t(params.heads) * size_t(params.total_q) * sizeof(float);
+  layout.semaphore_bytes = params.deterministic ? size_t(params.batch) * layout.heads_per_pass * m_blocks * 4 : 0;
+  layout.dq_accum_offset = 0;
+  layout.delta_offset = align_up(layout.dq_accum_offset + layout.dq_accum_bytes);
+  layout.semaphore_offset = align_up(layout.delta_offset + layout.delta_bytes);
+  layout.total = layout.semaphore_offset + layout.semaphore_bytes;
+  return layout;
+}
+
+fa_status check_supported(const AttnParams& params) {
+  if (params.dtype != FA_DTYPE_FP16 && params.dtype != FA_DTYPE_BF16)
+    return fail(FA_ERROR_UNSUPPORTED, "q: dtype fp32 is not supported on CUDA; expected fp16 or bf16");
+  if (!dtype_compiled(params.dtype))
+    return fail(FA_ERROR_UNSUPPORTED, "q: dtype %s is not compiled into this CUDA build (FLASHATTN_CUDA_DTYPES)",
+                params.dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+  if (head_dim_class(params.head_dim, params.head_dim_v) == 0)
+    return fail(FA_ERROR_UNSUPPORTED,
+                "q: head dims D = %" PRId64 ", Dv = %" PRId64
+                " need a head-dim class this build did not compile (FLASHATTN_CUDA_HEADDIMS)",
+                params.head_dim, params.head_dim_v);
+  int device_count = 0;
+  const cudaError_t count_status = cudaGetDeviceCount(&device_count);
+  if (count_status != cudaSuccess || params.device_index < 0 || params.device_index >= device_count)
+    return fail(FA_ERROR_BACKEND, "q: expected a CUDA device index in [0, %d), got %d (%s)", device_count,
+                params.device_index, cudaGetErrorString(count_status));
+  int major = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.device_index));
+  if (major < 8)
+    return fail(FA_ERROR_UNSUPPORTED, "q: the CUDA backend needs compute capability 8.0 or newer, device %d has %d.x",
+                params.device_index, major);
+  if (params.seqlen_q > INT32_MAX || params.seqlen_k > INT32_MAX)
+    return fail(FA_ERROR_UNSUPPORTED, "q: sequence lengths beyond 2^31 - 1 are not supported on CUDA");
+  FA_TRY(check_operand("q", params.q, params.q_layout, params.total_q));
+  FA_TRY(check_operand("k", params.k, params.k_layout, params.total_k));
+  FA_TRY(check_operand("v", params.v, params.v_layout, params.total_k));
+  FA_TRY(check_operand("out", params.o, params.o_layout, params.total_q));
+  return FA_OK;
+}
+
+size_t fwd_workspace_bytes(const FwdParams&) { return 0; }
+
+fa_status fwd(const FwdParams& params, void*) {
+  if (params.total_q == 0) return FA_OK;
+  DeviceGuard guard(params.device_index);
+  FA_CUDA_CHECK(guard.status());
+  const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
+  return dispatch_dtype(params.dtype, [&](auto tag) {
+    return dispatch_head_dim(head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
+      return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
+        return run_fwd<decltype(tag), decltype(head_dim)::value, decltype(diagonal)::value>(params, stream);
+      });
+    });
+  });
+}
+
+size_t bwd_workspace_bytes(const BwdParams& params) {
+  return bwd_workspace_layout(params, head_dim_class(params.head_dim, params.head_dim_v)).total;
+}
+
+fa_status bwd(const BwdParams& params, void* workspace) {
+  FA_TRY(check_operand("dout", params.dout, params.dout_layout, params.total_q));
+  FA_TRY(check_operand("dq", params.dq, params.dq_layout, params.total_q));
+  FA_TRY(check_operand("dk", params.dk, params.dk_layout, params.total_k));
+  FA_TRY(check_operand("dv", params.dv, params.dv_layout, params.total_k));
+  DeviceGuard guard(params.device_index);
+  FA_CUDA_CHECK(guard.status());
+  const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
+  const int head_dim_class_value = head_dim_class(params.head_dim, params.head_dim_v);
+  const BwdWorkspace layout = bwd_workspace_layout(params, head_dim_class_value);
+  return dispatch_dtype(params.dtype, [&](auto tag) {
+    return dispatch_head_dim(head_dim_class_value, [&](auto head_dim) {
+      return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
+        return run_bwd<decltype(tag), decltype(head_dim)::value, decltype(diagonal)::value>(params, layout, workspace,
+                                                                                           stream);
+      });
+    });
+  });
+}
+
+void* device_alloc(size_t bytes, int device_index) {
+  DeviceGuard guard(device_index);
+  if (guard.status() != cudaSuccess) return nullptr;
+  void* pointer = nullptr;
+  return cudaMalloc(&pointer, bytes) == cudaSuccess ? pointer : nullptr;
+}
+
+void device_free(void* pointer, int device_index) {
+  DeviceGuard guard(device_index);
+  cudaFree(pointer);
+}
+
+}  // namespace flashattn::cuda

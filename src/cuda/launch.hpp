@@ -1,0 +1,47 @@
+// Host-side declarations of the kernel launchers. Each (dtype, head-dim class,
+// diagonal mask) triple is instantiated in its own generated translation unit
+// (src/cuda/CMakeLists.txt); backend_cuda.cpp dispatches to them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+
+// Every CUDA runtime call of the backend goes through this check.
+#define FA_CUDA_CHECK(expr)                                                                              \
+  do {                                                                                                   \
+    const cudaError_t fa_cuda_status = (expr);                                                           \
+    if (fa_cuda_status != cudaSuccess)                                                                   \
+      return ::flashattn::fail(FA_ERROR_BACKEND, "CUDA: %s failed: %s (%s:%d)", #expr,                   \
+                               cudaGetErrorString(fa_cuda_status), __FILE__, __LINE__);                  \
+  } while (0)
+
+namespace flashattn::cuda {
+
+struct fp16_tag {};
+struct bf16_tag {};
+
+// Layout of the backward workspace (byte offsets; sizes exact).
+struct BwdWorkspace {
+  size_t dq_accum_offset = 0, dq_accum_bytes = 0;  // fp32 (total_q, heads_per_pass, kHeadDim)
+  size_t delta_offset = 0, delta_bytes = 0;        // fp32 (H, total_q): rowsum(dO * O)
+  size_t semaphore_offset = 0, semaphore_bytes = 0;  // int32 (B, heads_per_pass, m_blocks), deterministic only
+  size_t total = 0;
+  int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
+};
+
+// Head-dimension class of the compiled kernels for D, Dv, or 0 if none fits.
+int head_dim_class(int64_t head_dim, int64_t head_dim_v);
+BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class);
+
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_fwd(const FwdParams& params, cudaStream_t stream);
+
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
+
+
+
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,60 @@
+// Tile sizes of every sm80 kernel, one constexpr function per pass; host code
+// (workspace sizes) and device code read the same numbers.
+#pragma once
+
+#include "flashattn_cuda_config.hpp"  // generated: compiled classes, tuning overrides
+
+namespace flashattn::cuda {
+
+// Forward: each warp owns block_m / warps query rows (a multiple of 16) and
+// the whole K/V tile. Register budget per thread (fp32): O is
+// (block_m / warps) * head_dim / 32, S is (block_m / warps) * block_n / 32;
+// with ~60 registers of fragments and addresses, O + S <= 160 is what fits
+// in 255 registers without spills (ptxas -v; 128 x 64 on 4 warps, O 128 + S 64,
+// spilled ~1 KB).
+struct FwdTileConfig {
+  int block_m, block_n, warps;
+};
+// Tuning knobs for A/B builds (scripts/device_run.sh builds an alternative
+// library with them); the defaults are the measured winners.
+#ifndef FLASHATTN_CUDA_FWD128_TILE
+#define FLASHATTN_CUDA_FWD128_TILE 64, 64, 4
+#endif
+#ifndef FLASHATTN_CUDA_BWD64_TILE
+#define FLASHATTN_CUDA_BWD64_TILE 64, 128, 8, 8, 8, 4, 2
+#endif
+#ifndef FLASHATTN_CUDA_BWD128_TILE
+#define FLASHATTN_CUDA_BWD128_TILE 128, 64, 8, 4, 4, 4, 2
+#endif
+#ifndef FLASHATTN_CUDA_BWD256_TILE
+#define FLASHATTN_CUDA_BWD256_TILE 64, 64, 8, 4, 4, 4, 1
+#endif
+
+constexpr FwdTileConfig fwd_tile_config(int head_dim) {
+  if (head_dim <= 64) return {128, 64, 4};  // O 64 + S 64
+  // 64 x 64 on 4 warps: O 64 + S 32, no spills, 2 CTAs per SM; 128 x 64 on 8 warps
+  // (one CTA per SM) ran at 0.85x torch FA2 (dev/cuda_fa2_log.md v2).
+  if (head_dim <= 128) return {FLASHATTN_CUDA_FWD128_TILE};
+  return {128, 64, 8};  // 192: O 96 + S 32; 256: O 128 + S 32
+}
+
+// Backward: one CTA owns block_n keys of one K/V head and loops over the query
+// heads of its group and the query tiles. S^T and dP^T are (block_n, block_m)
+// on s_warps_n x (warps / s_warps_n) warps; dK and dV (block_n, head_dim) on
+// dkv_warps_n x (warps / dkv_warps_n); dQ (block_m, head_dim) on dq_warps_m x
+// (warps / dq_warps_m).
+struct BwdTileConfig {
+  int block_m, block_n, warps;
+  int s_warps_n, dkv_warps_n, dq_warps_m;
+  int q_stages;  // Q / dO buffers: 2 prefetches the next query tile during the current one
+};
+constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+  if (head_dim <= 64) return {FLASHATTN_CUDA_BWD64_TILE};  // smem 97 KiB
+  // 64 x 128 on 8 warps (dK + dV 128 + S + dP 64 registers) spilled ~250 bytes;
+  // 128 x 64 keeps dK + dV at 64 and S + dP at 64 (smem 194 KiB: sm90, not A100).
+  if (head_dim <= 128) return {FLASHATTN_CUDA_BWD128_TILE};
+  if (head_dim <= 192) return {64, 64, 8, 4, 4, 4, 1};  // smem 113 KiB
+  return {FLASHATTN_CUDA_BWD256_TILE};                   // smem 145 KiB (1 stage)
+}
+
+}  // namespace flashattn::cuda

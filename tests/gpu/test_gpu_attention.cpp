@@ -1,0 +1,181 @@
+// The CUDA backend against the fp64 reference on the shared case list
+// (forward and backward, the 2x rule of tests/support), with outputs poisoned
+// on the device before every call and the exact workspace the query reports.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "device_problem.hpp"
+#include "support/cases.hpp"
+#include "support/problem.hpp"
+#include "support/reference.hpp"
+
+namespace fatest::gpu {
+namespace {
+
+std::string param_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+
+// Runs fa_fwd on the device with a workspace of exactly the queried size.
+void run_forward(DeviceMirror& mirror, Problem& p) {
+  const fa_fwd_args args = mirror.fwd_args();
+  size_t bytes = 0;
+  ASSERT_EQ(fa_fwd_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
+  DeviceBuffer workspace(bytes);
+  ASSERT_EQ(fa_fwd(&args, bytes ? workspace.data : nullptr, bytes), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaDeviceSynchronize());
+  mirror.download(p.out);
+  mirror.download(p.lse);
+}
+
+void run_backward(DeviceMirror& mirror, Problem& p, bool deterministic) {
+  fa_bwd_args args = mirror.bwd_args();
+  args.opts.deterministic = deterministic ? 1 : 0;
+  size_t bytes = 0;
+  ASSERT_EQ(fa_bwd_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
+  DeviceBuffer workspace(bytes);
+  if (bytes > 0) {
+    EXPECT_EQ(fa_bwd(&args, workspace.data, bytes - 1), FA_ERROR_WORKSPACE_TOO_SMALL);
+    FA_CUDA_ASSERT(cudaMemset(workspace.data, 0xFF, bytes));  // the backend must not rely on a clean workspace
+  }
+  ASSERT_EQ(fa_bwd(&args, bytes ? workspace.data : nullptr, bytes), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaDeviceSynchronize());
+  mirror.download(p.dq);
+  mirror.download(p.dk);
+  mirror.download(p.dv);
+}
+
+class GpuForward : public ::testing::TestWithParam<Case> {};
+class GpuBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuForward, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  Problem p = make_problem(GetParam());
+  p.poison_outputs();
+  DeviceMirror mirror(p);
+  run_forward(mirror, p);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(fully_written("out", p.out));
+  ASSERT_TRUE(fully_written("lse", p.lse));
+
+  const std::vector<double> q = p.q.to_vector(), k = p.k.to_vector(), v = p.v.to_vector();
+  const FwdOut ref = reference_forward(p.g, p.sem, q, k, v);
+  const FwdOut naive = attention_forward(p.g, p.sem, q, k, v, p.c.dtype, false);
+  const std::vector<double> o = p.out.to_vector(), lse = p.lse_rows();
+  EXPECT_TRUE(within_tolerance("O", o, ref.o, naive.o));
+  EXPECT_TRUE(within_tolerance("LSE", lse, ref.lse, naive.lse));
+
+  const std::vector<bool> empty = p.empty_rows();
+  int64_t bad_rows = 0;
+  for (size_t r = 0; r < empty.size(); ++r) {
+    if (!empty[r]) continue;
+    bool ok = lse[r] == std::numeric_limits<double>::infinity();
+    for (int64_t d = 0; d < p.g.Dv; ++d) ok = ok && o[r * p.g.Dv + d] == 0.0;
+    bad_rows += ok ? 0 : 1;
+  }
+  EXPECT_EQ(bad_rows, 0) << "rows that see no key must give O = 0 and LSE = +inf";
+
+  // Without LSE the output is bit-identical.
+  const std::vector<unsigned char> first_out = p.out.bytes();
+  p.out.poison();
+  mirror.upload(p.out);
+  fa_fwd_args args = mirror.fwd_args();
+  args.lse = fa_tensor{};
+  ASSERT_EQ(fa_fwd(&args, nullptr, 0), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaDeviceSynchronize());
+  mirror.download(p.out);
+  EXPECT_TRUE(p.out.bytes() == first_out) << "O changed when LSE was not requested";
+}
+
+TEST_P(GpuBackward, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  Problem p = make_problem(GetParam());
+  p.poison_outputs();
+  DeviceMirror mirror(p);
+  run_forward(mirror, p);
+  if (HasFatalFailure()) return;
+  run_backward(mirror, p, false);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(fully_written("dq", p.dq));
+  ASSERT_TRUE(fully_written("dk", p.dk));
+  ASSERT_TRUE(fully_written("dv", p.dv));
+
+  const std::vector<double> q = p.q.to_vector(), k = p.k.to_vector(), v = p.v.to_vector();
+  const std::vector<double> dout = p.dout.to_vector();
+  const BwdOut ref = reference_backward(p.g, p.sem, q, k, v, dout);
+  const BwdOut naive = attention_backward(p.g, p.sem, q, k, v, dout, p.c.dtype, false);
+  const std::vector<double> dq = p.dq.to_vector(), dk = p.dk.to_vector(), dv = p.dv.to_vector();
+  const double scale = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+  EXPECT_TRUE(within_tolerance("dQ", dq, ref.dq, naive.dq, scale));
+  EXPECT_TRUE(within_tolerance("dK", dk, ref.dk, naive.dk, scale));
+  EXPECT_TRUE(within_tolerance("dV", dv, ref.dv, naive.dv, scale));
+
+  const std::vector<bool> empty = p.empty_rows(), unseen = p.unseen_keys();
+  int64_t bad = 0;
+  for (size_t r = 0; r < empty.size(); ++r)
+    for (int64_t d = 0; empty[r] && d < p.g.D; ++d) bad += dq[r * p.g.D + d] == 0.0 ? 0 : 1;
+  EXPECT_EQ(bad, 0) << "dQ of rows that see no key must be 0";
+  bad = 0;
+  for (size_t r = 0; r < unseen.size(); ++r) {
+    for (int64_t d = 0; unseen[r] && d < p.g.D; ++d) bad += dk[r * p.g.D + d] == 0.0 ? 0 : 1;
+    for (int64_t d = 0; unseen[r] && d < p.g.Dv; ++d) bad += dv[r * p.g.Dv + d] == 0.0 ? 0 : 1;
+  }
+  EXPECT_EQ(bad, 0) << "dK, dV of keys no query sees must be 0";
+
+  // Deterministic mode: same tolerance.
+  p.dq.poison();
+  p.dk.poison();
+  p.dv.poison();
+  for (HostTensor* t : {&p.dq, &p.dk, &p.dv}) mirror.upload(*t);
+  run_backward(mirror, p, true);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(within_tolerance("dQ (deterministic)", p.dq.to_vector(), ref.dq, naive.dq, scale));
+  EXPECT_TRUE(within_tolerance("dK (deterministic)", p.dk.to_vector(), ref.dk, naive.dk, scale));
+  EXPECT_TRUE(within_tolerance("dV (deterministic)", p.dv.to_vector(), ref.dv, naive.dv, scale));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuForward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
+INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
+INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
+
+// Deterministic mode: bitwise identical dQ, dK, dV over 20 runs.
+class GpuDeterminism : public ::testing::TestWithParam<Case> {};
+TEST_P(GpuDeterminism, BitwiseStableOver20Runs) {
+  FA_GPU_TEST_OR_SKIP();
+  Problem p = make_problem(GetParam());
+  DeviceMirror mirror(p);
+  run_forward(mirror, p);
+  if (HasFatalFailure()) return;
+  run_backward(mirror, p, true);
+  if (HasFatalFailure()) return;
+  const std::vector<unsigned char> dq = p.dq.bytes(), dk = p.dk.bytes(), dv = p.dv.bytes();
+  for (int run = 1; run < 20; ++run) {
+    for (HostTensor* t : {&p.dq, &p.dk, &p.dv}) {
+      t->poison();
+      mirror.upload(*t);
+    }
+    run_backward(mirror, p, true);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(p.dq.bytes() == dq) << "dQ differs in run " << run;
+    ASSERT_TRUE(p.dk.bytes() == dk) << "dK differs in run " << run;
+    ASSERT_TRUE(p.dv.bytes() == dv) << "dV differs in run " << run;
+  }
+}
+
+std::vector<Case> determinism_gpu_cases() {
+  std::vector<Case> cases = gpu_cases(determinism_cases());
+  // A long one: many key tiles add into every query tile, in a fixed order.
+  Case c;
+  c.name = "bf16_long_gqa_causal_det";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 1000, c.Sk = 1500, c.D = 128, c.Dv = 128;
+  c.causal = true;
+  cases.push_back(c);
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Cases, GpuDeterminism, ::testing::ValuesIn(determinism_gpu_cases()), param_name);
+
+}  // namespace
+}  // namespace fatest::gpu
