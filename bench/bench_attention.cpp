@@ -114,17 +114,7 @@ Row run_case(const Config& config, const std::array<int64_t, 4>& shape, fa_dtype
   fwd.opts.causal = causal;
   fwd.opts.num_threads = config.threads;
 
-  flashattn::BwdArgs bwd;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = fwd.out;
-  bwd.lse = fwd.lse;
-  bwd.dout = dout.view();
-  bwd.dq = dq.view();
-  bwd.dk = dk.view();
-  bwd.dv = dv.view();
-  bwd.opts = fwd.opts;
+  const flashattn::BwdArgs bwd = bench::backward_args(fwd, dout.view(), dq.view(), dk.view(), dv.view());
 
   Row row{b, h, n, d, dtype == FA_DTYPE_BF16 ? "bf16" : "fp32", causal, 0, 0, 0, 0};
   flashattn::fwd(fwd);  // warm-up

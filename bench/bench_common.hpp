@@ -80,6 +80,23 @@ struct CountingAllocator {
   static void reset_peak() { peak() = current(); }
 };
 
+// The backward of a forward call: its tensors and options, plus the gradients.
+inline flashattn::BwdArgs backward_args(const fa_fwd_args& fwd, const fa_tensor& dout, const fa_tensor& dq,
+                                        const fa_tensor& dk, const fa_tensor& dv) {
+  flashattn::BwdArgs bwd;
+  bwd.q = fwd.q;
+  bwd.k = fwd.k;
+  bwd.v = fwd.v;
+  bwd.out = fwd.out;
+  bwd.lse = fwd.lse;
+  bwd.dout = dout;
+  bwd.dq = dq;
+  bwd.dk = dk;
+  bwd.dv = dv;
+  bwd.opts = fwd.opts;
+  return bwd;
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -125,17 +125,9 @@ int main(int argc, char** argv) {
   fwd.lse = device.upload(lse);
   fwd.opts.causal = 1;
   fwd.opts.num_threads = config.threads;
-  flashattn::BwdArgs bwd;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = fwd.out;
-  bwd.lse = fwd.lse;
-  bwd.dout = device.upload(dout);
-  bwd.dq = device.upload(dq);
-  bwd.dk = device.upload(dk);
-  bwd.dv = device.upload(dv);
-  bwd.opts = fwd.opts;
+  const fa_tensor dout_view = device.upload(dout), dq_view = device.upload(dq), dk_view = device.upload(dk),
+                  dv_view = device.upload(dv);
+  const flashattn::BwdArgs bwd = bench::backward_args(fwd, dout_view, dq_view, dk_view, dv_view);
 
   try {
     flashattn::fwd(fwd);  // warm-up (and, on the GPU, module load)
