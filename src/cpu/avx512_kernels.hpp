@@ -122,6 +122,11 @@ struct Avx512Kernels {
     }
   }
 
+  static void gemm_exact_a(int m, int n, int k, float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                           float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+  }
+
   static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
     const __m512 factor = _mm512_set1_ps(mul);
     for (int i = 0; i < n; i += 16) {

@@ -10,8 +10,9 @@
 //           LSE and delta = rowsum(dO * O) of h; then items (K/V tile) add
 //           the contributions of h's Q tiles, in order, to the kv head's dK,
 //           dV accumulators and store them after the last head
-//   pass 2  stage K, V; items (query head, Q tile) compute dQ over their K/V
-//           tiles in order and store it
+//   pass 2  items (query head, Q tile) compute dQ over their K/V tiles (K, V
+//           staged with the first head's rows) in order and store it; they
+//           need nothing from pass 1 and share a loop with its last head
 // Every output element is produced by one work item whose arithmetic does not
 // depend on which thread runs it, so results are bitwise equal for any thread
 // count, with O(S * D) shared memory and no reduction buffer. The price is
@@ -41,31 +42,55 @@ inline const float* lse_row(const BwdParams& p, const Sequence& seq, int64_t b, 
   return p.lse + b * p.lse_layout.batch + seq.q_row0 * p.lse_layout.row + h * p.lse_layout.head;
 }
 
-// Q, dO, LSE (log2 units) and delta of query head h, shared by the team.
+// Rows [chunk * kBlockM, +kBlockM) of Q, dO, LSE (log2 units) and
+// delta = rowsum(dO * O) of query head h, into the team's shared arrays.
 template <class Isa>
-void stage_query_head(const BwdParams& p, const StagedQ& sq, const Sequence& seq, int64_t b, int64_t h,
-                      float* row_tmp) {
+void stage_query_chunk(const BwdParams& p, const StagedQ& sq, const Sequence& seq, int64_t b, int64_t h,
+                       int64_t chunk, float* row_tmp) {
   const int d = static_cast<int>(p.head_dim);
   const int dv = static_cast<int>(p.head_dim_v);
   const RowsView q_rows = rows_view(p.q, p.dtype, p.q_layout, b, seq.q_row0, h);
   const RowsView do_rows = rows_view(p.dout, p.dtype, p.dout_layout, b, seq.q_row0, h);
   const RowsView o_rows = rows_view(p.o, p.dtype, p.o_layout, b, seq.q_row0, h);
   const float* lse = lse_row(p, seq, b, h);
-  const int64_t chunks = ceil_div(seq.seqlen_q, kBlockM);
+  const int64_t r0 = chunk * kBlockM;
+  const int count = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - r0));
+  load_tile<Isa>(q_rows, r0, count, d, sq.q + r0 * d, d);
+  load_tile<Isa>(do_rows, r0, count, dv, sq.dout + r0 * dv, dv);
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    load_tile<Isa>(o_rows, r, 1, dv, row_tmp, dv);
+    const float* dout = sq.dout + r * dv;
+    float sum = 0.0f;
+    for (int c = 0; c < dv; ++c) sum += dout[c] * row_tmp[c];
+    sq.delta[r] = sum;
+    sq.lse2[r] = lse[r * p.lse_layout.row] * kLog2e;
+  }
+}
+
+// Query head h's rows (and, with_kv, the kv head's K and V rows) staged by
+// the team in one worksharing loop, whose closing barrier publishes them.
+template <class Isa>
+void stage_step(const BwdParams& p, const StagedQ& sq, const StagedKv& kv, const Sequence& seq, int64_t b,
+                int64_t h, bool with_kv, float* row_tmp) {
+  const int64_t h_kv = h / (p.heads / p.heads_kv);
+  const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
+  const RowsView k_rows = rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv);
+  const RowsView v_rows = rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv);
+  const int64_t q_chunks = ceil_div(seq.seqlen_q, kBlockM);
+  const int64_t k_chunks = with_kv ? ceil_div(seq.seqlen_k, kBlockN) : 0;
 #pragma omp for schedule(static)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t r0 = chunk * kBlockM;
-    const int count = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - r0));
-    load_tile<Isa>(q_rows, r0, count, d, sq.q + r0 * d, d);
-    load_tile<Isa>(do_rows, r0, count, dv, sq.dout + r0 * dv, dv);
-    for (int64_t r = r0; r < r0 + count; ++r) {
-      load_tile<Isa>(o_rows, r, 1, dv, row_tmp, dv);
-      const float* dout = sq.dout + r * dv;
-      float sum = 0.0f;
-      for (int c = 0; c < dv; ++c) sum += dout[c] * row_tmp[c];
-      sq.delta[r] = sum;
-      sq.lse2[r] = lse[r * p.lse_layout.row] * kLog2e;
+  for (int64_t chunk = 0; chunk < q_chunks + 2 * k_chunks; ++chunk) {
+    if (chunk < q_chunks) {
+      stage_query_chunk<Isa>(p, sq, seq, b, h, chunk, row_tmp);
+      continue;
     }
+    const int64_t kv_chunk = chunk - q_chunks;
+    const int64_t r0 = kv_chunk % k_chunks * kBlockN;
+    const int count = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - r0));
+    if (kv_chunk < k_chunks)
+      load_tile<Isa>(k_rows, r0, count, d, kv.k + r0 * d, d);
+    else
+      load_tile<Isa>(v_rows, r0, count, dv, kv.v + r0 * dv, dv);
   }
 }
 
@@ -117,7 +142,9 @@ void bwd_kv_tile(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const Stag
     for (int i = 0; i < nq; ++i) isa.exp2_sub_scalar(w.s + i * kBlockN, nk, factor, lse2[i]);  // P
     isa.gemm(nq, nk, dv, dout, dv, 1, w.v_t, kBlockN, w.dp, kBlockN, false);  // dO V^T (nq, nk)
 
-    if (ctx.dropout.enabled) dropout_factors<false>(w.drop, kBlockN, ctx, q0, nq, k0, nk);
+    // 0/1 mask: P^T dO takes the mask, 1/(1-p) scales dV at the store.
+    if (ctx.dropout.enabled) dropout_factors<false>(w.drop, kBlockN, ctx, q0, nq, k0, nk, 1.0f);
+    const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
     for (int i = 0; i < nq; ++i) {
       const float row_delta = delta[i];
       float* s_row = w.s + i * kBlockN;
@@ -126,7 +153,7 @@ void bwd_kv_tile(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const Stag
         const float* drop_row = w.drop + i * kBlockN;
         for (int j = 0; j < nk; ++j) {
           const float prob = s_row[j];
-          dp_row[j] = prob * (dp_row[j] * drop_row[j] - row_delta);
+          dp_row[j] = prob * (dp_row[j] * (drop_row[j] * kept) - row_delta);
           s_row[j] = prob * drop_row[j];
         }
       } else {
@@ -137,14 +164,20 @@ void bwd_kv_tile(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const Stag
         for (int j = 0; j < nk; ++j) dp_row[j] *= 1.0f - t_row[j] * t_row[j];
       }
     }
-    isa.gemm(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv, true);  // dV += P^T dO (nk, dv)
+    // dV += P^T dO (nk, dv), with P kept exact where rows see few keys, as
+    // the forward's P V (fwd_impl.hpp).
+    if (masked && sees_few_keys(mask, q0, nq))
+      isa.gemm_exact_a(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv);
+    else
+      isa.gemm(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv, true);
     isa.gemm(nk, d, nq, w.dp, 1, kBlockN, q, d, dk, d, true);          // dK += dS^T Q (nk, d)
   }
   isa.unpin_b(0);
   isa.unpin_b(1);
   if (last_head) {
     store_tile<Isa>(p.dk, p.dtype, p.dk_layout, b, seq.k_row0 + k0, h_kv, nk, d, dk, d, p.softmax_scale, w.row_tmp);
-    store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0 + k0, h_kv, nk, dv, dv_acc, dv, 1.0f, w.row_tmp);
+    const float kept = p.dropout.enabled ? p.dropout.keep_scale : 1.0f;
+    store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0 + k0, h_kv, nk, dv, dv_acc, dv, kept, w.row_tmp);
   }
 }
 
@@ -162,14 +195,12 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
   const RowsView do_rows = rows_view(p.dout, p.dtype, p.dout_layout, b, seq.q_row0, h);
   const RowsView o_rows = rows_view(p.o, p.dtype, p.o_layout, b, seq.q_row0, h);
   const float* lse = lse_row(p, seq, b, h);
+  load_tile_transposed<Isa>(do_rows, m0, mq, dv, w.dout_t, kBlockM, w.row_tmp);
   for (int i = 0; i < mq; ++i) {
     load_tile<Isa>(do_rows, m0 + i, 1, dv, w.row_tmp, dv);
     load_tile<Isa>(o_rows, m0 + i, 1, dv, w.row_tmp2, dv);
     float sum = 0.0f;
-    for (int c = 0; c < dv; ++c) {
-      w.dout_t[c * kBlockM + i] = w.row_tmp[c];
-      sum += w.row_tmp[c] * w.row_tmp2[c];
-    }
+    for (int c = 0; c < dv; ++c) sum += w.row_tmp[c] * w.row_tmp2[c];
     w.delta[i] = sum;
     w.lse2[i] = lse[(m0 + i) * p.lse_layout.row] * kLog2e;
   }
@@ -196,7 +227,8 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
     for (int j = 0; j < nk; ++j) isa.exp2_sub_vec(s_t + j * kBlockM, nq, factor, w.lse2 + q_lo);  // P^T
     isa.gemm(nk, nq, dv, v_tile, dv, 1, w.dout_t + q_lo, kBlockM, dp_t, kBlockM, false);  // (dO V^T)^T
 
-    if (ctx.dropout.enabled) dropout_factors<true>(w.drop + q_lo, kBlockM, ctx, m0 + q_lo, nq, k0, nk);
+    if (ctx.dropout.enabled)
+      dropout_factors<true>(w.drop + q_lo, kBlockM, ctx, m0 + q_lo, nq, k0, nk, ctx.dropout.keep_scale);
     for (int j = 0; j < nk; ++j) {
       const float* p_row = s_t + j * kBlockM;
       float* dp_row = dp_t + j * kBlockM;
@@ -218,57 +250,84 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
   store_tile<Isa>(p.dq, p.dtype, p.dq_layout, b, seq.q_row0 + m0, h, mq, d, w.dq, d, p.softmax_scale, w.row_tmp);
 }
 
+// Synchronization, per (batch, kv head) step with buffers X = step % 2:
+//   stage Q rows of head 0, K and V into X            one barrier
+//   for each further head g: its pass-1 items, then   two barriers
+//     stage its Q rows into X
+//   the last head's pass-1 items and all pass-2 items  no closing barrier
+// in one dynamic loop. The next step stages into the other buffers, which
+// no thread still reads: every thread passed this step's staging barrier,
+// so all finished the previous step. Threads: team_size, capped by the
+// largest step's final loop (see run_fwd on spinning waits).
 template <class Isa>
 fa_status run_bwd(const BwdParams& p, void* workspace) {
   char* base = align_workspace(workspace);
-  ScratchArena q_region(base), kv_region(base);
-  const StagedQ sq = carve_staged_q(q_region, p);
-  const StagedKv kv = carve_staged_kv(kv_region, p);
+  ScratchArena shared(base);
+  StagedQ staged_q[2];
+  StagedKv staged_kv[2];
+  for (int x = 0; x < 2; ++x) {
+    staged_q[x] = carve_staged_q(shared, p);
+    staged_kv[x] = carve_staged_kv(shared, p);
+  }
   char* thread_base = base + bwd_shared_bytes(p);
   const size_t thread_bytes = bwd_thread_bytes(p);
   const int64_t group = p.heads / p.heads_kv;
-#pragma omp parallel num_threads(p.num_threads)
+  int64_t max_items = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence seq = sequence_of(p, b);
+    max_items = std::max(max_items, ceil_div(seq.seqlen_k, kBlockN) + group * ceil_div(seq.seqlen_q, kBlockM));
+  }
+  const int team = team_size(p, max_items);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     char* mine = thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes;
     ScratchArena kv_arena(mine), q_arena(mine);
     const BwdKvScratch kv_w = carve_bwd_kv(kv_arena, p);
     const BwdQScratch q_w = carve_bwd_q(q_arena, p);
     Isa kv_isa(kv_w.isa), q_isa(q_w.isa);
+    int64_t step = 0;
     for (int64_t b = 0; b < p.batch; ++b) {
       const Sequence seq = sequence_of(p, b);
       const int64_t q_tiles = ceil_div(seq.seqlen_q, kBlockM);
       const int64_t kv_tiles = ceil_div(seq.seqlen_k, kBlockN);
-      for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv) {
-        // Each omp for ends in a barrier, which publishes the staged rows and
-        // keeps the next staging from overwriting rows still in use.
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t h = h_kv * group + g;
-          stage_query_head<Isa>(p, sq, seq, b, h, kv_w.row_tmp);
+      for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv, ++step) {
+        const StagedQ& sq = staged_q[step % 2];
+        const StagedKv& kv = staged_kv[step % 2];
+        const int64_t h0 = h_kv * group;
+        stage_step<Isa>(p, sq, kv, seq, b, h0, true, kv_w.row_tmp);
+        for (int64_t g = 0; g + 1 < group; ++g) {
 #pragma omp for schedule(dynamic, 1)
           for (int64_t kv_tile = 0; kv_tile < kv_tiles; ++kv_tile)
-            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h, kv_tile * kBlockN, g == 0, g == group - 1);
+            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + g, kv_tile * kBlockN, g == 0, false);
+          stage_step<Isa>(p, sq, kv, seq, b, h0 + g + 1, false, kv_w.row_tmp);
         }
-        stage_rows<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
-                        static_cast<int>(p.head_dim), kv.k);
-        stage_rows<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
-                        static_cast<int>(p.head_dim_v), kv.v);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < group * q_tiles; ++item) {
-          const int64_t q_tile = q_tiles - 1 - item % q_tiles;
-          bwd_q_tile<Isa>(q_isa, p, q_w, kv, seq, b, h_kv * group + item / q_tiles, q_tile * kBlockM);
+        // Pass-1 items first (under a causal mask the first K/V tiles see
+        // the most queries), then dQ items, last Q tiles first.
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t item = 0; item < kv_tiles + group * q_tiles; ++item) {
+          if (item < kv_tiles) {
+            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + group - 1, item * kBlockN, group == 1, true);
+            continue;
+          }
+          const int64_t q_item = item - kv_tiles;
+          const int64_t q_tile = q_tiles - 1 - q_item % q_tiles;
+          bwd_q_tile<Isa>(q_isa, p, q_w, kv, seq, b, h0 + q_item / q_tiles, q_tile * kBlockM);
         }
       }
     }
-#pragma omp single
+    // Rows after the last sequence belong to no sequence, and to no item:
+    // their gradient is 0.
     if (p.is_varlen) {
-      // Rows after the last sequence belong to no sequence: their gradient is 0.
-      const int64_t q_used = p.cu_seqlens_q[p.batch], k_used = p.cu_seqlens_k[p.batch];
-      zero_rows<Isa>(p.dq, p.dtype, p.dq_layout, p.heads, q_used, p.total_q, static_cast<int>(p.head_dim),
-                     q_w.row_tmp);
-      zero_rows<Isa>(p.dk, p.dtype, p.dk_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim),
-                     q_w.row_tmp);
-      zero_rows<Isa>(p.dv, p.dtype, p.dv_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim_v),
-                     q_w.row_tmp);
+#pragma omp single nowait
+      {
+        const int64_t q_used = p.cu_seqlens_q[p.batch], k_used = p.cu_seqlens_k[p.batch];
+        zero_rows<Isa>(p.dq, p.dtype, p.dq_layout, p.heads, q_used, p.total_q, static_cast<int>(p.head_dim),
+                       q_w.row_tmp);
+        zero_rows<Isa>(p.dk, p.dtype, p.dk_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim),
+                       q_w.row_tmp);
+        zero_rows<Isa>(p.dv, p.dtype, p.dv_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim_v),
+                       q_w.row_tmp);
+      }
     }
   }
   return FA_OK;

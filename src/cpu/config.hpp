@@ -26,6 +26,7 @@ static_assert(kBlockN % 4 == 0, "dropout draws 4 key columns per Philox call");
 static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "AMX tiles hold 16 rows");
 
 constexpr size_t kScratchAlignment = 64;  // one cache line, one zmm register
+constexpr int kTransposeRows = 16;        // rows per block of load_tile_transposed: one cache line of fp32
 
 // Hands out 64-byte aligned float arrays from one region. With a null base it
 // only measures, which is how the workspace size is computed.

@@ -1,8 +1,8 @@
 // FlashAttention-2 forward on the CPU, instantiated once per ISA kernel set.
 //
-// Per (batch, kv head) the team stages K and V as contiguous fp32 rows
-// (scratch.hpp), then runs work items (query head of the GQA group, Q tile)
-// in parallel. An item loads its Q tile once, transposed, and loops over the
+// Per step (batch, one or more kv heads) the team stages K and V as
+// contiguous fp32 rows (scratch.hpp), then runs work items (query head, Q
+// tile) in parallel. An item loads its Q tile once, transposed, and loops over the
 // K/V tiles the mask lets it see:
 //   S^T = K Q^T          (kBlockN, kBlockM), key-major so that the row-wise
 //                        softmax statistics are vertical vector operations
@@ -91,17 +91,27 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     // The normalizer l uses the undropped P; only P V sees the dropout mask.
     if (ctx.dropout.enabled) {
       float* drop = w.drop + q_lo;
-      dropout_factors<true>(drop, kBlockM, ctx, m0 + q_lo, nq, k0, nk);
+      dropout_factors<true>(drop, kBlockM, ctx, m0 + q_lo, nq, k0, nk, 1.0f);
       for (int j = 0; j < nk; ++j)
         for (int i = 0; i < nq; ++i) s_t[j * kBlockM + i] *= drop[j * kBlockM + i];
     }
-    isa.gemm(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv, true);  // O += P V (nq, dv)
+    // O += P V (nq, dv). A row that sees only a few keys would, with P
+    // rounded to bf16, get an O off the fp32 normalizer l by up to 2^-9 in
+    // one direction; the backward's D = dO . O then breaks sum_j dS_j = 0 of
+    // that row and dQ, dK pick up the error (2x the bf16 reference on
+    // top-left causal, Sq != Sk). Over many keys the rounding averages out.
+    if (masked && sees_few_keys(ctx.mask, m0 + q_lo, nq))
+      isa.gemm_exact_a(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv);
+    else
+      isa.gemm(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv, true);
   }
   isa.unpin_b(0);
 
+  // 1/(1-p) of the kept probabilities, factored out of P V (dropout_factors).
+  const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
   for (int i = 0; i < mq; ++i) {
     const float sum = w.row_sum[i];
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // a NaN sum (NaN input) stays NaN
+    const float inv = sum == 0.0f ? 0.0f : kept / sum;  // a NaN sum (NaN input) stays NaN
     float* o_row = w.o + static_cast<int64_t>(i) * dv;
     for (int c = 0; c < dv; ++c) o_row[c] *= inv;
   }
@@ -117,35 +127,49 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
   }
 }
 
+// Per step (batch, fwd_heads_per_step kv heads) the team stages K and V into
+// one of two buffers (one barrier publishes them) and takes the step's items
+// without a closing barrier: a thread that runs out moves on to staging the
+// next step into the other buffer. Staging step s + 2 reuses this step's
+// buffer, and no thread starts it before all have passed the barrier of step
+// s + 1, i.e. finished their items of step s. One barrier per step, and no
+// more threads than team_size allows: with spinning OpenMP waits on an
+// oversubscribed machine each barrier can cost a scheduler slice.
 template <class Isa>
 fa_status run_fwd(const FwdParams& p, void* workspace) {
   char* base = align_workspace(workspace);
   ScratchArena shared(base);
-  const StagedKv kv = carve_staged_kv(shared, p);
+  const StagedKvHeads staged[2] = {carve_staged_kv_heads(shared, p), carve_staged_kv_heads(shared, p)};
   char* thread_base = base + fwd_shared_bytes(p);
   const size_t thread_bytes = fwd_thread_bytes(p);
   const int64_t group = p.heads / p.heads_kv;
-#pragma omp parallel num_threads(p.num_threads)
+  const int64_t per_step = fwd_heads_per_step(p);
+  int64_t max_items = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    max_items = std::max(max_items, per_step * group * ceil_div(sequence_of(p, b).seqlen_q, kBlockM));
+  const int team = team_size(p, max_items);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     ScratchArena arena(thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes);
     const FwdScratch w = carve_fwd(arena, p);
     Isa isa(w.isa);
+    int64_t step = 0;
     for (int64_t b = 0; b < p.batch; ++b) {
       const Sequence seq = sequence_of(p, b);
       if (seq.seqlen_q == 0) continue;
       const int64_t q_tiles = ceil_div(seq.seqlen_q, kBlockM);
-      for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv) {
-        stage_rows<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
-                        static_cast<int>(p.head_dim), kv.k);
-        stage_rows<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), seq.seqlen_k,
-                        static_cast<int>(p.head_dim_v), kv.v);
-        // (The barrier at the end of stage_rows publishes K and V.)
-        // Last Q tiles first: under a causal mask they see the most keys, and
-        // starting with them balances the dynamic schedule.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < group * q_tiles; ++item) {
-          const int64_t q_tile = q_tiles - 1 - item % q_tiles;
-          fwd_q_tile<Isa>(isa, p, w, kv, seq, b, h_kv * group + item / q_tiles, q_tile * kBlockM);
+      for (int64_t h_kv0 = 0; h_kv0 < p.heads_kv; h_kv0 += per_step, ++step) {
+        const StagedKvHeads& kv = staged[step % 2];
+        const int64_t heads = std::min(per_step, p.heads_kv - h_kv0);
+        stage_kv<Isa>(p, seq, b, h_kv0, heads, kv);
+        // Last Q tiles (of every head) first: under a causal mask they see
+        // the most keys, and starting with them balances the dynamic schedule.
+        const int64_t q_heads = heads * group;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t item = 0; item < q_heads * q_tiles; ++item) {
+          const int64_t q_tile = q_tiles - 1 - item / q_heads;
+          const int64_t local = item % q_heads;  // query head within the step
+          fwd_q_tile<Isa>(isa, p, w, kv.head(local / group), seq, b, h_kv0 * group + local, q_tile * kBlockM);
         }
       }
     }

@@ -4,7 +4,8 @@
 // The algorithm hands gemm fp32 tiles; gemm converts its operands to bf16
 // (round to nearest even) into the packed layouts AMX reads and accumulates
 // in fp32. For Q, K, V, dO this is exact (they came from bf16); P and dS are
-// rounded to bf16 before their products, as flash-attn does on GPUs.
+// rounded to bf16 before their products, as flash-attn does on GPUs, except
+// P V of the forward's masked tiles (gemm_exact_a, see fwd_impl.hpp).
 //   A packed: bf16 (m16, k32) row-major, m16/k32 = m, k rounded up to 16/32
 //   B packed: pairs (k32 / 2, n16) of bf16 words, (B[2t][j], B[2t+1][j]),
 //             the "VNNI" layout of TDPBF16PS
@@ -283,6 +284,27 @@ struct AmxKernels : Avx512Kernels {
     _tile_release();
     if (!direct)
       for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
+  }
+
+  // A = hi + lo with hi = bf16(A): C += hi B + lo B keeps the product of A
+  // to ~2^-16 relative instead of bf16's 2^-9. lo replaces A in place.
+  void gemm_exact_a(int m, int n, int k, float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                    float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    // Contiguous runs of A: rows (a_col == 1) or columns (a_row == 1).
+    const bool by_rows = a_col == 1;
+    const int runs = by_rows ? m : k, length = by_rows ? k : m;
+    const int64_t stride = by_rows ? a_row : a_col;
+    for (int r = 0; r < runs; ++r) {
+      float* run = a + r * stride;
+      for (int i = 0; i < length; i += 16) {
+        const __mmask16 mask = lanes_mask(length - i);
+        const __m512 x = _mm512_maskz_loadu_ps(mask, run + i);
+        const __m512 hi = bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+        _mm512_mask_storeu_ps(run + i, mask, _mm512_sub_ps(x, hi));
+      }
+    }
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
   void run_blocks(const uint16_t* a_rows, const uint32_t* b_pairs, int64_t row_pairs, int m16, int n16, int k32,

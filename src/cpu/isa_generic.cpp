@@ -31,6 +31,11 @@ struct GenericKernels {
     }
   }
 
+  static void gemm_exact_a(int m, int n, int k, float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                           float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+  }
+
   static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
     for (int i = 0; i < n; ++i) x[i] = std::exp2(x[i] * mul - sub[i]);
   }

@@ -4,6 +4,10 @@
 //   gemm            C (m, n) (+)= A (m, k) B (k, n); A element (i, l) at
 //                   a[i * a_row + l * a_col] so A can be read transposed;
 //                   B and C row-major
+//   gemm_exact_a    C += A B where A holds values the gemm's multiply type
+//                   cannot represent (P): a kernel set that rounds operands
+//                   (AMX, bf16) adds the product of A's rounding residual,
+//                   overwriting A with it; the others are gemm
 //   exp2_sub_vec    x[i] = exp2(x[i] * mul - sub[i])
 //   exp2_sub_vec_sum  the same, and sum[i] += x[i]
 //   exp2_sub_scalar x[i] = exp2(x[i] * mul - sub)

@@ -29,7 +29,7 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
   return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
 }
 
-// One (batch, kv head) at a time, the K/V rows (forward, dQ pass) or the Q
+// Per (batch, kv head) step, the K/V rows (forward, dQ pass) or the Q
 // and dO rows of one query head (dK/dV pass) are converted once into
 // contiguous fp32 arrays that all threads read. Tiles are then plain
 // pointers into them: no per-tile conversion, and sequential rows the
@@ -77,7 +77,7 @@ struct FwdScratch {
   float* row_sum;   // (kBlockM) running sum of exp2
   float* tile_max;  // (kBlockM)
   float* alpha;     // (kBlockM) rescale of the previous accumulators
-  float* row_tmp;   // (max(D, Dv)) one converted row
+  float* row_tmp;   // (kTransposeRows, max(D, Dv)) converted rows
 };
 
 inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
@@ -91,7 +91,7 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   s.row_sum = arena.take_floats(kBlockM);
   s.tile_max = arena.take_floats(kBlockM);
   s.alpha = arena.take_floats(kBlockM);
-  s.row_tmp = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
+  s.row_tmp = arena.take_floats(kTransposeRows * std::max(p.head_dim, p.head_dim_v));
   return s;
 }
 
@@ -104,7 +104,7 @@ struct BwdKvScratch {
   float* dp;    // (kBlockM, kBlockN) dP, then dS
   float* tanh;  // (kBlockM, kBlockN) tanh of the capped score; only with softcap
   float* drop;  // (kBlockM, kBlockN) dropout factors; only with dropout
-  float* row_tmp;
+  float* row_tmp;  // (kTransposeRows, max(D, Dv))
 };
 
 // Pass 2 (dQ of one Q tile): scores are key-major, like the forward.
@@ -119,8 +119,8 @@ struct BwdQScratch {
   float* dq;      // (kBlockM, D)
   float* lse2;    // (kBlockM)
   float* delta;   // (kBlockM)
-  float* row_tmp;
-  float* row_tmp2;
+  float* row_tmp;   // (kTransposeRows, max(D, Dv))
+  float* row_tmp2;  // (max(D, Dv))
 };
 
 inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
@@ -133,7 +133,7 @@ inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
   s.dp = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
   s.drop = p.dropout.enabled ? arena.take_floats(tile) : nullptr;
-  s.row_tmp = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
+  s.row_tmp = arena.take_floats(kTransposeRows * std::max(p.head_dim, p.head_dim_v));
   return s;
 }
 
@@ -150,7 +150,7 @@ inline BwdQScratch carve_bwd_q(ScratchArena& arena, const AttnParams& p) {
   s.dq = arena.take_floats(kBlockM * p.head_dim);
   s.lse2 = arena.take_floats(kBlockM);
   s.delta = arena.take_floats(kBlockM);
-  s.row_tmp = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
+  s.row_tmp = arena.take_floats(kTransposeRows * std::max(p.head_dim, p.head_dim_v));
   s.row_tmp2 = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
   return s;
 }
@@ -161,9 +161,38 @@ inline size_t fwd_thread_bytes(const AttnParams& p) {
   return arena.used();
 }
 
+// The forward stages several kv heads per step when their rows are small:
+// as many as fit kStageBudget (at least one), so that small problems pay
+// one barrier per few heads. 4 MiB: 8 heads of 1024 keys at D = Dv = 64.
+constexpr int64_t kStageBudget = int64_t{4} << 20;
+inline int64_t fwd_heads_per_step(const AttnParams& p) {
+  const int64_t head_bytes = std::max<int64_t>(p.seqlen_k * (p.head_dim + p.head_dim_v) * 4, 1);
+  return std::clamp<int64_t>(kStageBudget / head_bytes, 1, p.heads_kv);
+}
+
+// Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head.
+struct StagedKvHeads {
+  float* k;
+  float* v;
+  int64_t k_head = 0, v_head = 0;  // floats per head: seqlen_k * D, seqlen_k * Dv
+  StagedKv head(int64_t i) const { return StagedKv{k + i * k_head, v + i * v_head}; }
+};
+
+inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams& p) {
+  StagedKvHeads s;
+  const int64_t heads = fwd_heads_per_step(p);
+  s.k_head = p.seqlen_k * p.head_dim;
+  s.v_head = p.seqlen_k * p.head_dim_v;
+  s.k = arena.take_floats(heads * s.k_head);
+  s.v = arena.take_floats(heads * s.v_head);
+  return s;
+}
+
+// Two staging buffers: steps alternate between them (fwd_impl.hpp).
 inline size_t fwd_shared_bytes(const AttnParams& p) {
   ScratchArena arena;
-  carve_staged_kv(arena, p);
+  carve_staged_kv_heads(arena, p);
+  carve_staged_kv_heads(arena, p);
   return arena.used();
 }
 
@@ -175,12 +204,14 @@ inline size_t bwd_thread_bytes(const AttnParams& p) {
   return std::max(kv.used(), q.used());
 }
 
-// The dK/dV pass stages Q rows, the dQ pass K/V rows, in the same region.
+// Both passes' staged rows at once, twice: steps alternate (bwd_impl.hpp).
 inline size_t bwd_shared_bytes(const AttnParams& p) {
-  ScratchArena q, kv;
-  carve_staged_q(q, p);
-  carve_staged_kv(kv, p);
-  return std::max(q.used(), kv.used());
+  ScratchArena arena;
+  for (int x = 0; x < 2; ++x) {
+    carve_staged_q(arena, p);
+    carve_staged_kv(arena, p);
+  }
+  return arena.used();
 }
 
 }  // namespace cpu

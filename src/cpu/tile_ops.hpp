@@ -17,6 +17,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cpu/config.hpp"
+#include "cpu/scratch.hpp"
 
 namespace flashattn {
 namespace cpu {
@@ -49,6 +50,24 @@ inline Sequence sequence_of(const AttnParams& p, int64_t b) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Threads worth starting for a call whose steps have at most max_items work
+// items: no idle ones, and none for less than kMinFlopsPerThread of work
+// (~20 us of one core in fp32), where waking a thread, and on a busy machine
+// its spinning waits, costs more than it saves. Kept low so that most test
+// cases still run threaded; results do not depend on the count.
+constexpr double kMinFlopsPerThread = 2e6;
+inline int team_size(const AttnParams& p, int64_t max_items) {
+  double flops = 0.0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence s = sequence_of(p, b);
+    flops += 2.0 * static_cast<double>(s.seqlen_q) * static_cast<double>(s.seqlen_k) *
+             static_cast<double>(p.head_dim + p.head_dim_v);
+  }
+  flops *= static_cast<double>(p.heads);
+  const int64_t by_work = std::max<int64_t>(1, static_cast<int64_t>(flops / kMinFlopsPerThread));
+  return static_cast<int>(std::clamp<int64_t>(std::min(max_items, by_work), 1, p.num_threads));
+}
+
 // A strided (rows, cols) view of one head of one sequence of a tensor.
 struct RowsView {
   const char* base;
@@ -71,29 +90,48 @@ void load_tile(const RowsView& src, int64_t first_row, int rows, int cols, float
 }
 
 // dst (cols, ld): the tile transposed, so its rows become GEMM B-operand rows.
+// Blocks of kTransposeRows source rows go through row_tmp
+// (kTransposeRows, cols), so each destination row receives 16 consecutive
+// floats (one cache line) per block instead of one float per source row.
 template <class Isa>
 void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int cols, float* dst, int64_t ld,
                           float* row_tmp) {
-  for (int r = 0; r < rows; ++r) {
-    Isa::load_row(src.base + (first_row + r) * src.row_stride_bytes, src.dtype, row_tmp, cols);
-    for (int c = 0; c < cols; ++c) dst[c * ld + r] = row_tmp[c];
+  for (int r0 = 0; r0 < rows; r0 += kTransposeRows) {
+    const int count = std::min(kTransposeRows, rows - r0);
+    for (int r = 0; r < count; ++r)
+      Isa::load_row(src.base + (first_row + r0 + r) * src.row_stride_bytes, src.dtype, row_tmp + r * cols, cols);
+    for (int c = 0; c < cols; ++c) {
+      float* out = dst + c * ld + r0;
+      for (int r = 0; r < count; ++r) out[r] = row_tmp[r * cols + c];
+    }
   }
 }
 
-// Converts rows [0, rows) of src into dst (rows, cols) contiguous; called
-// by every thread of the team, which share the rows (an orphaned omp for).
+// K and V rows of kv heads [h_kv0, h_kv0 + heads) of sequence b into the
+// team's shared buffers: one worksharing loop whose closing barrier
+// publishes them.
 template <class Isa>
-void stage_rows(const RowsView& src, int64_t rows, int cols, float* dst) {
-  const int64_t chunks = ceil_div(rows, kBlockN);
+void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0, int64_t heads,
+              const StagedKvHeads& kv) {
+  const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
+  const int64_t chunks = ceil_div(seq.seqlen_k, kBlockN);
 #pragma omp for schedule(static)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t r0 = chunk * kBlockN;
-    const int count = static_cast<int>(std::min<int64_t>(kBlockN, rows - r0));
-    load_tile<Isa>(src, r0, count, cols, dst + r0 * cols, cols);
+  for (int64_t chunk = 0; chunk < 2 * heads * chunks; ++chunk) {
+    const int64_t head = chunk / (2 * chunks);
+    const bool is_v = chunk / chunks % 2 == 1;
+    const int64_t r0 = chunk % chunks * kBlockN;
+    const int count = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - r0));
+    const StagedKv dst = kv.head(head);
+    if (is_v)
+      load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head), r0, count, dv, dst.v + r0 * dv,
+                     dv);
+    else
+      load_tile<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head), r0, count, d, dst.k + r0 * d,
+                     d);
   }
 }
 
-// Writes rows of src * row_scale[r] (or * scale when row_scale is null).
+// Writes rows of src * scale.
 template <class Isa>
 void store_tile(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t b, int64_t row0, int64_t h,
                 int rows, int cols, const float* src, int64_t ld, float scale, float* row_tmp) {
@@ -152,6 +190,16 @@ inline QueryRange visible_queries(const MaskPolicy& mask, int64_t m0, int mq, in
   if (mask.window_left >= 0)
     range.hi = static_cast<int>(std::clamp<int64_t>(k0 + nk - mask.shift + mask.window_left - m0, range.lo, mq));
   return range;
+}
+
+// Whether some query of [q0, q0 + nq) sees fewer than kFewKeys keys in all:
+// for such rows the bf16 rounding of P does not average out over the keys
+// (see fwd_impl.hpp). The visible count is piecewise linear and concave in
+// the row, so its minimum is at an end of the range.
+constexpr int64_t kFewKeys = 2 * kBlockN;
+inline bool sees_few_keys(const MaskPolicy& mask, int64_t q0, int nq) {
+  const auto count = [&](int64_t i) { return mask.key_end(i + 1) - mask.key_begin(i); };
+  return std::min(count(q0), count(q0 + nq - 1)) < kFewKeys;
 }
 
 // Score tiles are stored key-major (s[key * ld + query], the forward and the
@@ -228,10 +276,15 @@ float shape_scores(float* s, int64_t ld, const ScoreContext& ctx, int64_t q0, in
   return factor;
 }
 
-// drop[...] = keep ? 1/(1-p) : 0 for the tile at (q0, k0); k0 is a multiple of
+// drop[...] = keep ? kept : 0 for the tile at (q0, k0); k0 is a multiple of
 // 4 (tiles start on the kBlockN grid), so one Philox call covers 4 columns.
+// kept is 1/(1-p), or 1 where a product rounds P to bf16 (AMX): P * 1/(1-p)
+// would round with a bias (1.111 -> 1.109 at p = 0.1) that no longer matches
+// the fp32 normalizer and breaks sum_j dS_j = 0 in the backward, so those
+// products take the 0/1 mask and 1/(1-p) is applied to their fp32 result.
 template <bool kKeyMajor>
-void dropout_factors(float* drop, int64_t ld, const ScoreContext& ctx, int64_t q0, int nq, int64_t k0, int nk) {
+void dropout_factors(float* drop, int64_t ld, const ScoreContext& ctx, int64_t q0, int nq, int64_t k0, int nk,
+                     float kept) {
   const DropoutConfig& cfg = ctx.dropout;
   for (int qi = 0; qi < nq; ++qi) {
     for (int kj = 0; kj < nk; kj += 4) {
@@ -240,7 +293,7 @@ void dropout_factors(float* drop, int64_t ld, const ScoreContext& ctx, int64_t q
       const uint32_t lanes[4] = {words.x, words.y, words.z, words.w};
       const int count = nk - kj < 4 ? nk - kj : 4;
       for (int lane = 0; lane < count; ++lane)
-        drop[score_index<kKeyMajor>(ld, qi, kj + lane)] = lanes[lane] < cfg.keep_threshold ? cfg.keep_scale : 0.0f;
+        drop[score_index<kKeyMajor>(ld, qi, kj + lane)] = lanes[lane] < cfg.keep_threshold ? kept : 0.0f;
     }
   }
 }
