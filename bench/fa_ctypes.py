@@ -66,7 +66,7 @@ class FaBwdArgs(ctypes.Structure):
 
 def _default_library():
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.environ.get("FLASHATTN_LIB", os.path.join(here, "..", "..", "build", "libflashattn.so"))
+    return os.environ.get("FLASHATTN_LIB", os.path.join(here, "..", "build", "libflashattn.so"))
 
 
 class FlashAttn:
