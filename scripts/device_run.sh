@@ -4,8 +4,10 @@
 #
 #   device tool: run(command="bash scripts/device_run.sh", carry=["build-deps"])
 #
-# build-deps/googletest (a copy of /usr/src/googletest, git-ignored) is built
-# first when the machine has no GTest. Environment knobs:
+# build-deps/googletest (git-ignored; make it here first with
+# `mkdir -p build-deps && cp -r /usr/src/googletest build-deps/`) is built on the
+# device when the machine has no GTest. A full run takes about 180 s there.
+# Environment knobs:
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; add "alt" for the A/B tile build)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
