@@ -1,0 +1,27 @@
+// The result checks that every backend's forward and backward tests share:
+// the 2x rule against the fp64 reference and the exact zeros of rows that see
+// no key. They read the host copies of p's outputs (a GPU test downloads first).
+#pragma once
+
+#include <vector>
+
+#include "support/problem.hpp"
+#include "support/reference.hpp"
+
+namespace fatest {
+
+// O and LSE within the rule; rows that see no key give O = 0 and LSE = +inf.
+void expect_forward_matches_reference(const Problem& p);
+
+struct BackwardReference {
+  BwdOut ref;     // fp64
+  BwdOut naive;   // same precision as the case
+  double scale;   // the gradients' floor scale: max of |dQ|, |dK|, |dV| of ref
+};
+BackwardReference backward_reference(const Problem& p);
+
+// dQ, dK, dV within the rule; dQ of rows that see no key and dK, dV of keys no
+// row sees exactly 0.
+void expect_gradients_match_reference(const Problem& p, const BackwardReference& r);
+
+}  // namespace fatest
