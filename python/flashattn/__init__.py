@@ -36,3 +36,4 @@ else:
     )
     from .memory import MemoryPlan, memory_plan  # noqa: F401
     from .sdpa import scaled_dot_product_attention  # noqa: F401
+    from .distributed import ring_attention  # noqa: F401

@@ -1,0 +1,162 @@
+"""flashattn.distributed.ring_attention on CPUs: 2 and 4 gloo processes, forward and backward.
+
+One spawn per world size runs every case (process start-up dominates the cost); the workers save
+their shards' outputs and gradients and the parent reassembles them and checks them against the
+fp64 torch reference with the project's rule, where the "naive" term is the single-process
+flashattn fp32 result: max|ring - ref64| <= 2 max|single - ref64| + 1e-6 max|ref|.
+"""
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flashattn
+from flashattn.distributed import ring_attention, zigzag_shard, zigzag_unshard
+from conftest import assert_2x, attention_ref
+
+# (name, B, N total tokens, H, Hkv, causal, Dv); D = 32, fp32. Dv != D takes the path that sends K and V
+# separately (otherwise they travel stacked in one message).
+CASES = [
+    ("full", 2, 64, 4, 4, False, 32),
+    ("full_gqa", 1, 128, 4, 2, False, 32),
+    ("causal", 2, 64, 2, 2, True, 32),
+    ("causal_gqa", 1, 128, 4, 2, True, 32),
+    ("causal_mqa_dv16", 2, 64, 4, 1, True, 16),
+]
+D = 32
+WORLDS = [2, 4]
+JOIN_TIMEOUT_S = 120
+
+
+def _inputs(case, seed):
+    name, b, n, h, hkv, causal, dv = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, h, D, generator=g)
+    k = torch.randn(b, n, hkv, D, generator=g)
+    v = torch.randn(b, n, hkv, dv, generator=g)
+    dout = torch.randn(b, n, h, dv, generator=g)
+    return q, k, v, dout
+
+
+def _shard(x, rank, world, causal):
+    return zigzag_shard(x, rank, world) if causal else x.chunk(world, dim=1)[rank]
+
+
+def _unshard(shards, world, causal, dim=1):
+    return zigzag_unshard(shards, world, dim=dim) if causal else torch.cat(shards, dim=dim)
+
+
+def _worker(rank, world, tmp):
+    torch.set_num_threads(1)
+    flashattn.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        inputs = torch.load(os.path.join(tmp, "inputs.pt"))
+        results = {}
+        for case in CASES:
+            causal = case[5]
+            q, k, v, dout = (_shard(x, rank, world, causal) for x in inputs[case[0]])
+            q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
+            out, lse = ring_attention(q, k, v, causal=causal, return_lse=True)
+            out.backward(dout)
+            results[case[0]] = (out.detach(), lse, q.grad, k.grad, v.grad)
+        torch.save(results, os.path.join(tmp, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world, tmp):
+    ctx = mp.start_processes(_worker, args=(world, tmp), nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ring_attention workers (world {world}) did not finish in {JOIN_TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"world{w}")
+def ring_run(request, tmp_path_factory):
+    """Runs every case on `world` gloo processes; returns (world, inputs, per-case reassembled results)."""
+    world = request.param
+    tmp = str(tmp_path_factory.mktemp(f"ring{world}"))
+    inputs = {case[0]: _inputs(case, 1234 + i) for i, case in enumerate(CASES)}
+    torch.save(inputs, os.path.join(tmp, "inputs.pt"))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    _spawn(world, tmp)
+    per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
+    results = {}
+    for case in CASES:
+        causal = case[5]
+        parts = [[per_rank[r][case[0]][i] for r in range(world)] for i in range(5)]
+        # lse is (B, H, S): its sequence dim is 2
+        out, lse, dq, dk, dv = (_unshard(p, world, causal, dim=2 if i == 1 else 1) for i, p in enumerate(parts))
+        results[case[0]] = (out, lse, dq, dk, dv)
+    return world, inputs, results
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ring_attention_matches_single_process(ring_run, case):
+    world, inputs, results = ring_run
+    name, b, n, h, hkv, causal, head_dim_v = case
+    q, k, v, dout = inputs[name]
+    out, lse, dq, dk, dv = results[name]
+
+    # single-process flashattn (fp32) and the fp64 reference, out and grads
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    single, single_lse, _ = flashattn.flash_attn_func(*leaves, causal=causal, return_attn_probs=True)
+    single_grads = torch.autograd.grad(single, leaves, dout)
+    leaves64 = [x.double().requires_grad_(True) for x in (q, k, v)]
+    ref, ref_lse = attention_ref(*leaves64, causal=causal)
+    ref_grads = torch.autograd.grad(ref, leaves64, dout.double())
+
+    assert out.shape == (b, n, h, head_dim_v) and out.dtype == torch.float32
+    assert_2x(out, single.detach(), ref, f"{name} world{world} out")
+    assert_2x(lse, single_lse, ref_lse, f"{name} world{world} lse")
+    scale = max(g.abs().max().item() for g in ref_grads)
+    for gname, g, gs, gr in zip(("dq", "dk", "dv"), (dq, dk, dv), single_grads, ref_grads):
+        assert g.shape == gr.shape and g.dtype == torch.float32
+        assert_2x(g, gs, gr, f"{name} world{world} {gname}", scale)
+
+
+def test_zigzag_roundtrip_and_layout():
+    world, n = 3, 12
+    x = torch.arange(2 * n).reshape(2, n)
+    shards = [zigzag_shard(x, r, world) for r in range(world)]
+    # rank r holds chunks r and 2*world-1-r (chunk length n / (2*world) = 2)
+    assert shards[0][0].tolist() == [0, 1, 10, 11]
+    assert shards[2][0].tolist() == [4, 5, 6, 7]
+    assert torch.equal(zigzag_unshard(shards, world), x)
+    with pytest.raises(ValueError):
+        zigzag_shard(torch.zeros(1, 10), 0, 3)
+
+
+def test_ring_attention_world1(tmp_path):
+    """A group of one rank: no transfers, the result is the single-process one (causal, GQA)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        q, k, v = torch.randn(2, 32, 4, D), torch.randn(2, 32, 2, D), torch.randn(2, 32, 2, D)
+        dout = torch.randn(2, 32, 4, D)
+        for causal in (False, True):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            out = ring_attention(*leaves, causal=causal)
+            grads = torch.autograd.grad(out, leaves, dout)
+            leaves1 = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            single = flashattn.flash_attn_func(*leaves1, causal=causal)
+            single_grads = torch.autograd.grad(single, leaves1, dout)
+            torch.testing.assert_close(out, single, rtol=1e-5, atol=1e-6)
+            for g, gs in zip(grads, single_grads):
+                torch.testing.assert_close(g, gs, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
