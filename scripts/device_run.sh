@@ -86,23 +86,34 @@ if has_stage cpu; then
   cat /tmp/cpu_vs_torch.txt >>"$OUT/bench_table.txt"
 fi
 
-# A/B: alternative tiles in a second library (bf16, hdim 64/128/256 only), timed
-# ours-only after the main benchmark. FA_ALT_* override the alternative tiles.
+# A/B: alternative tiles in extra libraries (bf16, hdim 64/128/256, sm_90a only),
+# timed ours-only after the main benchmark. FA_ALT_CONFIGS lists them, separated by
+# spaces, each "name/fwd128/bwd64/bwd128/bwd256" with the tiles of tile_config.hpp
+# ("-" keeps the default).
 if has_stage alt; then
-  ALT_FWD128=${FA_ALT_FWD128:-128,64,8}
-  ALT_BWD64=${FA_ALT_BWD64:-64,128,8,4,4,2,2}
-  ALT_BWD128=${FA_ALT_BWD128:-64,128,8,4,4,2,2}
-  ALT_BWD256=${FA_ALT_BWD256:-64,64,8,4,4,4,2}
-  cmake -S . -B build-alt -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
-    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" -DFLASHATTN_CUDA_DTYPES=bf16 \
-    -DFLASHATTN_CUDA_FWD128_TILE="$ALT_FWD128" -DFLASHATTN_CUDA_BWD64_TILE="$ALT_BWD64" \
-    -DFLASHATTN_CUDA_BWD128_TILE="$ALT_BWD128" -DFLASHATTN_CUDA_BWD256_TILE="$ALT_BWD256" \
-    >/tmp/alt_build.log 2>&1 && ninja -C build-alt -j "$JOBS" flashattn >>/tmp/alt_build.log 2>&1 &&
-    mkdir -p /tmp/alt && PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build-alt/libflashattn.so timeout 150 \
-      python3 bench/gpu/bench_gpu.py --out /tmp/alt --ours-only --skip-extra --dtypes bf16 \
-      --label "alt" >>"$OUT/bench_table.txt" 2>&1
-  note "== A/B (alt: fwd128 $ALT_FWD128, bwd64 $ALT_BWD64, bwd128 $ALT_BWD128, bwd256 $ALT_BWD256) exit $?"
-  tail -3 /tmp/alt_build.log >>"$SUMMARY"
+  for config in ${FA_ALT_CONFIGS:-"fa2like/-/64,128,8,4,4,2,2/64,128,8,4,4,2,2/64,64,8,4,2,2,2"}; do
+    IFS=/ read -r name fwd128 bwd64 bwd128 bwd256 <<<"$config"
+    tiles=()
+    [ "$fwd128" != "-" ] && tiles+=(-DFLASHATTN_CUDA_FWD128_TILE="$fwd128")
+    [ "$bwd64" != "-" ] && tiles+=(-DFLASHATTN_CUDA_BWD64_TILE="$bwd64")
+    [ "$bwd128" != "-" ] && tiles+=(-DFLASHATTN_CUDA_BWD128_TILE="$bwd128")
+    [ "$bwd256" != "-" ] && tiles+=(-DFLASHATTN_CUDA_BWD256_TILE="$bwd256")
+    start=$(date +%s)
+    cmake -S . -B "build-alt-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+      -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" -DFLASHATTN_CUDA_DTYPES=bf16 \
+      -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON "${tiles[@]}" \
+      >"/tmp/alt_$name.log" 2>&1 && ninja -C "build-alt-$name" -j "$JOBS" flashattn >>"/tmp/alt_$name.log" 2>&1
+    built=$?
+    note "   $name: $(grep -cE ' [1-9][0-9]* bytes spill stores' "/tmp/alt_$name.log") kernels with spill stores"
+    if [ $built -eq 0 ]; then
+      mkdir -p "/tmp/alt_$name" && PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build-alt-$name/libflashattn.so timeout 150 \
+        python3 bench/gpu/bench_gpu.py --out "/tmp/alt_$name" --ours-only --skip-extra --dtypes bf16 \
+        --label "$name" >>"$OUT/bench_table.txt" 2>&1
+      note "== A/B $name (fwd128 $fwd128, bwd64 $bwd64, bwd128 $bwd128, bwd256 $bwd256): build+bench exit $?, $(( $(date +%s) - start )) s"
+    else
+      note "== A/B $name build FAILED"; grep -m5 -A3 error "/tmp/alt_$name.log" >>"$SUMMARY"
+    fi
+  done
 fi
 
 cat "$SUMMARY"

@@ -191,6 +191,9 @@ def long_sequence_check(fa, N=262144, H=4, D=128, rows=8):
             for name, (mine, ref, naive) in pairs.items():
                 worst[name][0] = max(worst[name][0], (mine - ref).abs().max().item())
                 worst[name][1] = max(worst[name][1], (naive - ref).abs().max().item())
+            report.setdefault("lse_rows", []).append(
+                {"h": h, "i": i, "ours_minus_ref": (ours.lse[0, h, i].double() - lse).item(),
+                 "naive_minus_ref": (lse16 - lse).item()})
     for name, (mine, naive) in worst.items():
         report["checks"][name] = {"ours": mine, "naive": naive, "pass": mine <= 2 * naive + 1e-6}
     del ours, q, k, v, dout
@@ -248,6 +251,8 @@ def main():
         print(f"N=262144 causal fwd+bwd ({ls['seconds']:.2f} s): " + ", ".join(
             f"{k} {v['ours']:.2e} vs naive {v['naive']:.2e} {'PASS' if v['pass'] else 'FAIL'}"
             for k, v in ls["checks"].items()))
+        print("LSE error per sampled row (h, i: ours - ref, naive - ref): " + "; ".join(
+            f"{r['h']},{r['i']}: {r['ours_minus_ref']:+.1e} {r['naive_minus_ref']:+.1e}" for r in ls["lse_rows"]))
     if args.ours_only:
         print(f"TFLOP/s of {args.label} only")
         for r in results:

@@ -18,23 +18,26 @@ struct FwdTileConfig {
 // Tuning knobs for A/B builds (scripts/device_run.sh builds an alternative
 // library with them); the defaults are the measured winners.
 #ifndef FLASHATTN_CUDA_FWD128_TILE
-#define FLASHATTN_CUDA_FWD128_TILE 64, 64, 4
+#define FLASHATTN_CUDA_FWD128_TILE 128, 64, 4
 #endif
 #ifndef FLASHATTN_CUDA_BWD64_TILE
-#define FLASHATTN_CUDA_BWD64_TILE 64, 128, 8, 8, 8, 4, 2
+#define FLASHATTN_CUDA_BWD64_TILE 128, 128, 8, 4, 4, 4, 2
 #endif
 #ifndef FLASHATTN_CUDA_BWD128_TILE
-#define FLASHATTN_CUDA_BWD128_TILE 128, 64, 8, 4, 4, 4, 2
+#define FLASHATTN_CUDA_BWD128_TILE 64, 128, 8, 4, 4, 2, 2
 #endif
 #ifndef FLASHATTN_CUDA_BWD256_TILE
-#define FLASHATTN_CUDA_BWD256_TILE 64, 64, 8, 4, 4, 4, 1
+#define FLASHATTN_CUDA_BWD256_TILE 64, 64, 8, 4, 2, 2, 1
 #endif
 
-constexpr FwdTileConfig fwd_tile_config(int head_dim) {
+// mask_diagonal: the kernel of causal / sliding-window masks.
+constexpr FwdTileConfig fwd_tile_config(int head_dim, bool mask_diagonal) {
   if (head_dim <= 64) return {128, 64, 4};  // O 64 + S 64
-  // 64 x 64 on 4 warps: O 64 + S 32, no spills, 2 CTAs per SM; 128 x 64 on 8 warps
-  // (one CTA per SM) ran at 0.85x torch FA2 (dev/cuda_fa2_log.md v2).
-  if (head_dim <= 128) return {FLASHATTN_CUDA_FWD128_TILE};
+  // hdim 128, no diagonal: 128 x 64 on 4 warps (O 128 + S 64; some spill
+  // traffic, yet 1.00-1.12x the 64 x 64 tile's rate in the v4 A/B run). Under a
+  // diagonal mask the 64-row tile wastes less work on masked rows and stays
+  // ahead (0.87-1.0x for 128 rows): O 64 + S 32, no spills, 2 CTAs per SM.
+  if (head_dim <= 128) return mask_diagonal ? FwdTileConfig{64, 64, 4} : FwdTileConfig{FLASHATTN_CUDA_FWD128_TILE};
   return {128, 64, 8};  // 192: O 96 + S 32; 256: O 128 + S 32
 }
 
@@ -48,13 +51,18 @@ struct BwdTileConfig {
   int s_warps_n, dkv_warps_n, dq_warps_m;
   int q_stages;  // Q / dO buffers: 2 prefetches the next query tile during the current one
 };
+// 128-key tiles halve the dQ atomics per flop against 64-key tiles; the warp
+// shapes of hdim 128 are FA2's (S^T 4 x 2 warps, dK/dV 4 x 2, dQ 2 x 4). The A/B
+// run of dev/cuda_fa2_log.md v4 measured these against the v3 tiles (64 x 128 /
+// 8,8,4 for hdim 64, 128 x 64 for 128, 64 x 64 with 4,4,4 for 256):
+// fwd+bwd +5-20 % at hdim 64, +20-28 % at 128, +3-6 % at 256.
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  if (head_dim <= 64) return {FLASHATTN_CUDA_BWD64_TILE};  // smem 97 KiB
-  // 64 x 128 on 8 warps (dK + dV 128 + S + dP 64 registers) spilled ~250 bytes;
-  // 128 x 64 keeps dK + dV at 64 and S + dP at 64 (smem 194 KiB: sm90, not A100).
-  if (head_dim <= 128) return {FLASHATTN_CUDA_BWD128_TILE};
-  if (head_dim <= 192) return {64, 64, 8, 4, 4, 4, 1};  // smem 113 KiB
-  return {FLASHATTN_CUDA_BWD256_TILE};                   // smem 145 KiB (1 stage)
+  if (head_dim <= 64) return {FLASHATTN_CUDA_BWD64_TILE};    // smem 162 KiB
+  if (head_dim <= 128) return {FLASHATTN_CUDA_BWD128_TILE};  // smem 161 KiB
+  if (head_dim <= 192) return {64, 64, 8, 4, 4, 4, 1};       // smem 113 KiB
+  // One Q/dO stage keeps hdim 256 within an A100's 163 KiB (two stages, 209 KiB:
+  // +6 % non-causal on the H200, equal under causal masks).
+  return {FLASHATTN_CUDA_BWD256_TILE};  // smem 145 KiB
 }
 
 }  // namespace flashattn::cuda
