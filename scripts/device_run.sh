@@ -8,7 +8,8 @@
 # `mkdir -p build-deps && cp -r /usr/src/googletest build-deps/`) is built on the
 # device when the machine has no GTest. A full run takes about 180 s there.
 # Environment knobs:
-#   FA_STAGES="build test sanitize bench cpu"  stages to run (default; add "alt" for the A/B tile build)
+#   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
+#                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
 #   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
@@ -115,6 +116,33 @@ if has_stage alt; then
     fi
   done
 fi
+
+# The Python package on CUDA tensors: pip install ./ (all kernels), pytest, the bench CLI with its
+# plots and the long-context GPT training example (loss curves and memory, flashattn vs sdpa vs math).
+if has_stage python; then
+  start=$(date +%s)
+  FLASHATTN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout "${FA_PIP_TIMEOUT:-300}" \
+    python3 -m pip install --no-build-isolation --no-deps --no-index -q . >"$OUT/python.log" 2>&1
+  note "== pip install ./ (CUDA): exit $? in $(( $(date +%s) - start )) s"
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_PYTEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider \
+    "$OLDPWD/python/tests" >>"$OUT/python.log" 2>&1)
+  note "== pytest python/tests (CUDA): exit $?: $(grep -E '[0-9]+ passed' "$OUT/python.log" | tail -1)"
+  mkdir -p "$OUT/plots"
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_CLI_TIMEOUT:-150}" python3 -m flashattn.bench --dtype bf16 --head-dim 128 \
+    --causal --mode fwd_bwd --seqlens 1024 2048 4096 8192 16384 32768 --json "$OUT/plots/bench_cli.json" \
+    --plot-dir "$OUT/plots" >>"$OUT/python.log" 2>&1)
+  note "== python -m flashattn.bench: exit $?"
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_TRAIN_TIMEOUT:-200}" python3 "$OLDPWD/examples/train_gpt.py" --device cuda \
+    --dtype bf16 --context 8192 --layers 4 --attn flashattn sdpa math --steps "${FA_TRAIN_STEPS:-150}" \
+    --plot "$OUT/plots/train_gpt.png" --json "$OUT/plots/train_gpt.json" >>"$OUT/python.log" 2>&1)
+  note "== examples/train_gpt.py (context 8192): exit $?"
+  grep -E "peak|final|loss" "$OUT/python.log" | tail -8 >>"$SUMMARY"
+fi
+
+# At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
+(cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=summary.txt --exclude=bench_table.txt \
+  --exclude=bench_gpu.json . && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt \
+  ! -name bench_table.txt ! -name bench_gpu.json -exec rm -rf {} +)
 
 cat "$SUMMARY"
 [ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"
