@@ -13,6 +13,10 @@ given and D = rowsum(dO * O) with the O it is given, so calling it on one K/V sh
 locally (fp32); the dK/dV accumulators (fp32) travel around the ring with their shard and arrive
 back at the owner after a full loop.
 
+Sliding windows (and softcap) pass through: a window in global positions becomes, for each pair of
+query and key chunks, a call on the rows and keys the window can reach, with the window shifted by
+the chunks' distance (`_calls`); pairs the window misses cost nothing.
+
 Causal attention uses the load-balanced "zigzag" sharding: the global sequence (length N) is cut
 into 2*world chunks and rank r holds chunks r and 2*world-1-r, concatenated (`zigzag_shard`,
 `zigzag_unshard`). Every ring step then costs each rank the same work (half a full block), except
@@ -20,14 +24,14 @@ the first, which is one causal call on the local shard.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from . import _ops
-from .interface import _pad8, _scale
+from .interface import _pad8, _scale, _window
 
 __all__ = ["ring_attention", "zigzag_shard", "zigzag_unshard"]
 
@@ -85,14 +89,24 @@ def _wait(reqs) -> None:
         r.wait()
 
 
-def _fwd(q, k, v, scale, causal):
-    return torch.ops.flashattn.fwd(q, k, v, None, None, scale, causal, True, -1, 0 if causal else -1, 0.0, 0.0,
-                                   False)
+def _compute(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    """The operands of one call. On the CPU, 16-bit shards are computed in fp32 (the CPU backend takes
+    fp32): a 16-bit partial result would be rounded once per ring step before the fp32 merge, and the
+    dK/dV of a shard sum world such partials, up to world times the rounding of one call. The CUDA
+    backend has no fp32 path yet, so on GPUs the partials are 16-bit (docs/python.md)."""
+    if tensors[0].device.type != "cpu":
+        return tensors
+    return tuple(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors)
 
 
-def _bwd(dout, q, k, v, out, lse, scale, causal):
-    return torch.ops.flashattn.bwd(dout, q, k, v, out, lse, None, None, scale, causal, True, -1,
-                                   0 if causal else -1, 0.0, 0.0, False)
+def _fwd(q, k, v, scale, call, softcap):
+    return torch.ops.flashattn.fwd(*_compute(q, k, v), None, None, scale, call.causal, call.top_left,
+                                   call.window_left, call.window_right, softcap, 0.0, False)
+
+
+def _bwd(dout, q, k, v, out, lse, scale, call, softcap):
+    return torch.ops.flashattn.bwd(*_compute(dout, q, k, v, out), lse, None, None, scale, call.causal,
+                                   call.top_left, call.window_left, call.window_right, softcap, 0.0, False)
 
 
 def _merge(out: Tensor, lse: Tensor, out_i: Tensor, lse_i: Tensor) -> None:
@@ -111,30 +125,66 @@ def _merge(out: Tensor, lse: Tensor, out_i: Tensor, lse_i: Tensor) -> None:
     lse.copy_(new)
 
 
-def _plan(causal: bool, rank: int, src: int, c: int):
-    """(q rows, k rows, causal) of the one library call for the K/V shard of rank src, or None.
+class _Call(NamedTuple):
+    """One library call: query rows and key rows of the local shards, and its mask."""
+    rows: slice
+    cols: slice
+    causal: bool
+    top_left: bool = False
+    window_left: int = -1
+    window_right: int = -1
 
-    Zigzag: q = [chunk r, chunk 2W-1-r], k = [chunk s, chunk 2W-1-s], each chunk c rows.
-    s == r: one causal call on the whole shard (top-left = bottom-right, equal lengths).
-    s <  r: both q chunks see k chunk s fully and not k chunk 2W-1-s.
-    s >  r: q chunk 2W-1-r sees both k chunks fully; q chunk r sees nothing.
+
+def _calls(causal: bool, window: Tuple[int, int], rank: int, src: int, world: int, s_local: int) -> List[_Call]:
+    """The library calls that bring the K/V shard of rank `src` to rank `rank`'s queries.
+
+    Without a window (zigzag causal, or full attention) whole shards or halves go in one call:
+    s == r: one causal call on the whole shard (top-left = bottom-right, equal lengths);
+    s <  r: both q chunks see k chunk s fully and k chunk 2W-1-s not at all;
+    s >  r: q chunk 2W-1-r sees both k chunks fully, q chunk r sees nothing.
+
+    With a window (left, right) in global positions (causal: right = 0) every (q chunk, k chunk)
+    pair is one call. Query chunk at global start qs and key chunk at ks, d = qs - ks: local query i
+    sees local key j iff i + d - left <= j <= i + d + right. The call drops the r leading query rows
+    that see no key of the chunk and the s leading keys that no query sees, so that the remaining
+    offset e = d + r - s lies in [-right, left], and passes the window (left - e, right + e) with
+    top-left alignment, which then means exactly the global window.
     """
-    full = slice(None)
-    if not causal:
-        return full, full, False
-    if src == rank:
-        return full, full, True
-    if src < rank:
-        return full, slice(0, c), False
-    return slice(c, None), full, False
+    if window == (-1, -1) or (causal and window == (-1, 0)):
+        full = slice(None)
+        if not causal:
+            return [_Call(full, full, False)]
+        c = s_local // 2
+        if src == rank:
+            return [_Call(full, full, True)]
+        if src < rank:
+            return [_Call(full, slice(0, c), False)]
+        return [_Call(slice(c, None), full, False)]
+    left, right = window
+    length = s_local // 2 if causal else s_local
+
+    def chunks(r):
+        return [(r, 0), (2 * world - 1 - r, length)] if causal else [(r, 0)]
+
+    calls = []
+    for q_index, q_off in chunks(rank):
+        for k_index, k_off in chunks(src):
+            d = (q_index - k_index) * length
+            skip_rows = max(0, -right - d) if right >= 0 else 0
+            skip_keys = max(0, d - left) if left >= 0 else 0
+            if skip_rows >= length or skip_keys >= length:
+                continue  # the window misses this pair of chunks
+            e = d + skip_rows - skip_keys
+            calls.append(_Call(slice(q_off + skip_rows, q_off + length), slice(k_off + skip_keys, k_off + length),
+                               False, True, left - e if left >= 0 else -1, right + e if right >= 0 else -1))
+    return calls
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, group):
+    def forward(ctx, q, k, v, scale, causal, window, softcap, group):
         ring = _Ring(group)
         b, s, h, _ = q.shape
-        c = s // 2
         out = torch.zeros((b, s, h, v.shape[-1]), dtype=torch.float32, device=q.device)
         lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]) if k.shape == v.shape else None
@@ -148,11 +198,9 @@ class _RingAttention(torch.autograd.Function):
                     (nk, rk), (nv, rv) = ring.shift(cur_k.contiguous(), 0), ring.shift(cur_v.contiguous(), 1)
                     reqs = list(rk) + list(rv)
             src = (ring.rank - step) % ring.world
-            plan = _plan(causal, ring.rank, src, c)
-            if plan is not None:
-                rows, cols, cz = plan
-                o_i, l_i = _fwd(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale, cz)
-                _merge(out[:, rows], lse[:, :, rows], o_i, l_i)
+            for call in _calls(causal, window, ring.rank, src, ring.world, s):
+                o_i, l_i = _fwd(q[:, call.rows], cur_k[:, call.cols], cur_v[:, call.cols], scale, call, softcap)
+                _merge(out[:, call.rows], lse[:, :, call.rows], o_i, l_i)
             _wait(reqs)
             if step + 1 < ring.world:
                 if kv is not None:
@@ -163,18 +211,17 @@ class _RingAttention(torch.autograd.Function):
         lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)  # library convention
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.group = scale, causal, group
+        ctx.scale, ctx.causal, ctx.window, ctx.softcap, ctx.group = scale, causal, window, softcap, group
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal = ctx.scale, ctx.causal
+        scale, causal, window, softcap = ctx.scale, ctx.causal, ctx.window, ctx.softcap
         ring = _Ring(ctx.group)
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
         b, s, h, _ = q.shape
-        c = s // 2
         same = k.shape == v.shape
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]) if same else None
@@ -189,14 +236,13 @@ class _RingAttention(torch.autograd.Function):
                     (nk, rk), (nv, rv) = ring.shift(cur_k.contiguous(), 0), ring.shift(cur_v.contiguous(), 1)
                     kv_reqs = list(rk) + list(rv)
             src = (ring.rank - step) % ring.world
-            plan = _plan(causal, ring.rank, src, c)
-            contrib = None
-            if plan is not None:
-                rows, cols, cz = plan
+            contribs = []
+            for call in _calls(causal, window, ring.rank, src, ring.world, s):
+                rows, cols = call.rows, call.cols
                 dq_i, dk_i, dv_i = _bwd(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols], out[:, rows],
-                                        lse[:, :, rows], scale, cz)
+                                        lse[:, :, rows], scale, call, softcap)
                 dq[:, rows] += dq_i.float()
-                contrib = (cols, dk_i, dv_i)
+                contribs.append((cols, dk_i, dv_i))
             # the accumulator of the shard held now arrives from the previous rank (posted last step)
             _wait(dkv_reqs)
             if dkv_recv is None:
@@ -204,8 +250,7 @@ class _RingAttention(torch.autograd.Function):
                        torch.zeros(cur_v.shape, dtype=torch.float32, device=q.device)]
             else:
                 dkv = dkv_recv
-            if contrib is not None:
-                cols, dk_i, dv_i = contrib
+            for cols, dk_i, dv_i in contribs:
                 dkv[0][:, cols] += dk_i.float()
                 dkv[1][:, cols] += dv_i.float()
             if ring.world > 1:  # send it on; after the last step it reaches its owner
@@ -222,19 +267,22 @@ class _RingAttention(torch.autograd.Function):
                     cur_k, cur_v = nk, nv
         _wait(dkv_reqs)
         dk, dv = dkv_recv
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False,
-                   softmax_scale: Optional[float] = None, return_lse: bool = False):
+                   softmax_scale: Optional[float] = None, window_size=(-1, -1), softcap: float = 0.0,
+                   alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, return_lse: bool = False):
     """Exact attention over a sequence sharded across the ranks of `group` (default: the world group).
 
     q (B, S_local, H, D), k (B, S_local, Hkv, D), v (B, S_local, Hkv, Dv), the same S_local on every
-    rank. Non-causal: any contiguous sharding (rank r holds the r-th block of the sequence; the order
-    of blocks does not matter). Causal: the shards must be `zigzag_shard(x, rank, world)` of the
-    global tensors (S_local even); the output is in the same zigzag layout. Returns out
-    (B, S_local, H, Dv) and, with return_lse=True, also the global LSE (B, H, S_local) fp32
-    (non-differentiable). Differentiable in q, k, v.
+    rank. Non-causal: any contiguous sharding (rank r holds the r-th block of the sequence; with a
+    window the blocks must be in rank order, otherwise their order does not matter). Causal: the
+    shards must be `zigzag_shard(x, rank, world)` of the global tensors (S_local even); the output is
+    in the same zigzag layout. window_size (left, right) and softcap mean what they mean in
+    flash_attn_func, in global positions (causal sets right = 0); shard pairs outside the window cost
+    nothing. Returns out (B, S_local, H, Dv) and, with return_lse=True, also the global LSE
+    (B, H, S_local) fp32 (non-differentiable). Differentiable in q, k, v.
     """
     _ops.check_devices(q=q, k=k, v=v)
     _ops.check_rank("q", q, 4, "(batch, seqlen_local, heads, head_dim)")
@@ -246,8 +294,22 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
     if causal and q.shape[1] % 2:
         raise ValueError(f"ring_attention: causal needs an even local sequence length (zigzag sharding), "
                          f"got {q.shape[1]}")
+    if alibi_slopes is not None:
+        raise NotImplementedError("ring_attention: alibi_slopes are not supported (the library's ALiBi distance "
+                                  "is relative to each call's local alignment); gather the sequence and use "
+                                  "flashattn.flash_attn_func(..., alibi_slopes=...)")
+    if dropout_p != 0.0:
+        raise NotImplementedError("ring_attention: dropout_p > 0 is not supported (the keep mask is indexed by "
+                                  "local positions); gather the sequence and use flashattn.flash_attn_func(..., "
+                                  "dropout_p=...)")
+    window = _window(causal, window_size)
+    if window[0] < -1 or window[1] < -1:
+        raise ValueError(f"window_size: expected values >= -1 (-1: unbounded), got {tuple(window_size)}")
+    softcap = float(softcap)
+    if not softcap >= 0.0:
+        raise ValueError(f"softcap: expected a value >= 0 (0: off), got {softcap}")
     scale = _scale(softmax_scale, q.shape[-1])
     dv = v.shape[-1]
-    out, lse = _RingAttention.apply(_pad8(q), _pad8(k), _pad8(v), scale, bool(causal), group)
+    out, lse = _RingAttention.apply(_pad8(q), _pad8(k), _pad8(v), scale, bool(causal), window, softcap, group)
     out = out if out.shape[-1] == dv else out[..., :dv]
     return (out, lse) if return_lse else out

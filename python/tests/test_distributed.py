@@ -18,14 +18,20 @@ import flashattn
 from flashattn.distributed import ring_attention, zigzag_shard, zigzag_unshard
 from conftest import assert_2x, attention_ref
 
-# (name, B, N total tokens, H, Hkv, causal, Dv); D = 32, fp32. Dv != D takes the path that sends K and V
-# separately (otherwise they travel stacked in one message).
+# (name, B, N total tokens, H, Hkv, causal, Dv, window_size, softcap, dtype); D = 32. Dv != D takes the
+# path that sends K and V separately (otherwise they travel stacked in one message). Windows are in
+# global positions; with 4 ranks and N = 128 a window of 20 spans chunk boundaries (chunks of 16 or 32
+# rows) and skips the far shards.
 CASES = [
-    ("full", 2, 64, 4, 4, False, 32),
-    ("full_gqa", 1, 128, 4, 2, False, 32),
-    ("causal", 2, 64, 2, 2, True, 32),
-    ("causal_gqa", 1, 128, 4, 2, True, 32),
-    ("causal_mqa_dv16", 2, 64, 4, 1, True, 16),
+    ("full", 2, 64, 4, 4, False, 32, (-1, -1), 0.0, torch.float32),
+    ("full_gqa", 1, 128, 4, 2, False, 32, (-1, -1), 0.0, torch.float32),
+    ("causal", 2, 64, 2, 2, True, 32, (-1, -1), 0.0, torch.float32),
+    ("causal_gqa", 1, 128, 4, 2, True, 32, (-1, -1), 0.0, torch.float32),
+    ("causal_mqa_dv16", 2, 64, 4, 1, True, 16, (-1, -1), 0.0, torch.float32),
+    ("window", 1, 128, 2, 2, False, 32, (20, 9), 0.0, torch.float32),
+    ("window_left_only", 1, 128, 2, 1, False, 32, (40, -1), 0.0, torch.float32),
+    ("causal_window_gqa", 1, 128, 4, 2, True, 32, (20, -1), 0.0, torch.float32),
+    ("causal_softcap_bf16", 2, 64, 2, 2, True, 32, (-1, -1), 5.0, torch.bfloat16),
 ]
 D = 32
 WORLDS = [2, 4]
@@ -33,13 +39,13 @@ JOIN_TIMEOUT_S = 120
 
 
 def _inputs(case, seed):
-    name, b, n, h, hkv, causal, dv = case
+    name, b, n, h, hkv, causal, dv, _, _, dtype = case
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, n, h, D, generator=g)
     k = torch.randn(b, n, hkv, D, generator=g)
     v = torch.randn(b, n, hkv, dv, generator=g)
     dout = torch.randn(b, n, h, dv, generator=g)
-    return q, k, v, dout
+    return tuple(x.to(dtype) for x in (q, k, v, dout))
 
 
 def _shard(x, rank, world, causal):
@@ -59,10 +65,10 @@ def _worker(rank, world, tmp):
         inputs = torch.load(os.path.join(tmp, "inputs.pt"))
         results = {}
         for case in CASES:
-            causal = case[5]
+            causal, window, softcap = case[5], case[7], case[8]
             q, k, v, dout = (_shard(x, rank, world, causal) for x in inputs[case[0]])
             q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
-            out, lse = ring_attention(q, k, v, causal=causal, return_lse=True)
+            out, lse = ring_attention(q, k, v, causal=causal, window_size=window, softcap=softcap, return_lse=True)
             out.backward(dout)
             results[case[0]] = (out.detach(), lse, q.grad, k.grad, v.grad)
         torch.save(results, os.path.join(tmp, f"rank{rank}.pt"))
@@ -108,24 +114,25 @@ def ring_run(request, tmp_path_factory):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_ring_attention_matches_single_process(ring_run, case):
     world, inputs, results = ring_run
-    name, b, n, h, hkv, causal, head_dim_v = case
+    name, b, n, h, hkv, causal, head_dim_v, window, softcap, dtype = case
     q, k, v, dout = inputs[name]
     out, lse, dq, dk, dv = results[name]
 
-    # single-process flashattn (fp32) and the fp64 reference, out and grads
+    # single-process flashattn (same dtype) and the fp64 reference, out and grads
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    single, single_lse, _ = flashattn.flash_attn_func(*leaves, causal=causal, return_attn_probs=True)
+    single, single_lse, _ = flashattn.flash_attn_func(*leaves, causal=causal, window_size=window, softcap=softcap,
+                                                      return_attn_probs=True)
     single_grads = torch.autograd.grad(single, leaves, dout)
     leaves64 = [x.double().requires_grad_(True) for x in (q, k, v)]
-    ref, ref_lse = attention_ref(*leaves64, causal=causal)
+    ref, ref_lse = attention_ref(*leaves64, causal=causal, window=window, softcap=softcap)
     ref_grads = torch.autograd.grad(ref, leaves64, dout.double())
 
-    assert out.shape == (b, n, h, head_dim_v) and out.dtype == torch.float32
+    assert out.shape == (b, n, h, head_dim_v) and out.dtype == dtype
     assert_2x(out, single.detach(), ref, f"{name} world{world} out")
     assert_2x(lse, single_lse, ref_lse, f"{name} world{world} lse")
     scale = max(g.abs().max().item() for g in ref_grads)
     for gname, g, gs, gr in zip(("dq", "dk", "dv"), (dq, dk, dv), single_grads, ref_grads):
-        assert g.shape == gr.shape and g.dtype == torch.float32
+        assert g.shape == gr.shape and g.dtype == dtype
         assert_2x(g, gs, gr, f"{name} world{world} {gname}", scale)
 
 
@@ -160,3 +167,46 @@ def test_ring_attention_world1(tmp_path):
                 torch.testing.assert_close(g, gs, rtol=1e-5, atol=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ring_call_plan_matches_single_process(causal):
+    """The per-step call plan (_calls) against single-process attention, without processes: every rank's
+    shards are computed in one process, step by step, and merged as the ring merges them. Worlds 1-4,
+    windows that fall inside one chunk, span chunk boundaries, are one-sided or wider than the sequence."""
+    from flashattn.distributed import _calls, _fwd, _merge
+
+    g = torch.Generator().manual_seed(7)
+    n, scale = 96, 0.25
+    q, k, v = (torch.randn(1, n, 2, 16, generator=g) for _ in range(3))
+    for window in [(-1, -1), (5, 0), (0, 0), (7, 3), (20, -1), (-1, 9), (40, 40), (1, 2), (200, 0)]:
+        window = (window[0], 0) if causal else window
+        ref = flashattn.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window)
+        for world in (1, 2, 3, 4):
+            outs = []
+            for rank in range(world):
+                q_local = _shard(q, rank, world, causal)
+                s = q_local.shape[1]
+                out = torch.zeros(1, s, 2, 16)
+                lse = torch.full((1, 2, s), float("-inf"))
+                for src in range(world):
+                    k_local, v_local = _shard(k, src, world, causal), _shard(v, src, world, causal)
+                    for call in _calls(causal, window, rank, src, world, s):
+                        o, l = _fwd(q_local[:, call.rows], k_local[:, call.cols], v_local[:, call.cols], scale, call,
+                                    0.0)
+                        _merge(out[:, call.rows], lse[:, :, call.rows], o, l)
+                outs.append(out)
+            err = (_unshard(outs, world, causal) - ref).abs().max().item()
+            assert err < 2e-6, f"window {window} world {world}: max error {err:.2e}"
+
+
+def test_ring_attention_rejects_what_it_cannot_serve():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        ring_attention(q, q, q, alibi_slopes=torch.ones(2))
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        ring_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="window_size"):
+        ring_attention(q, q, q, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="softcap"):
+        ring_attention(q, q, q, softcap=-1.0)
