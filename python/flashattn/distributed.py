@@ -33,7 +33,8 @@ from torch import Tensor
 from . import _ops
 from .interface import _pad8, _scale, _window
 
-__all__ = ["ring_attention", "zigzag_shard", "zigzag_unshard"]
+__all__ = ["ring_attention", "ring_attention_varlen", "shard_varlen", "unshard_varlen", "zigzag_shard",
+           "zigzag_unshard"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,6 +59,38 @@ def zigzag_unshard(shards: List[Tensor], world: int, dim: int = 1) -> Tensor:
         a, b = s.chunk(2, dim=dim)
         chunks[r], chunks[2 * world - 1 - r] = a, b
     return torch.cat(chunks, dim=dim)
+
+
+def shard_varlen(x: Tensor, cu_seqlens: Tensor, rank: int, world: int, causal: bool = False, dim: int = 0):
+    """Rank `rank`'s shard of packed sequences x (rows in `dim`, offsets cu_seqlens): every sequence is
+    split over the ranks, zigzag when causal (its length a multiple of 2*world), else in `world`
+    contiguous blocks (a multiple of world). Returns (x_local, cu_seqlens_local), the local offsets
+    being cu_seqlens / world on every rank."""
+    bounds = cu_seqlens.tolist()
+    unit = 2 * world if causal else world
+    parts = []
+    for b in range(len(bounds) - 1):
+        length = bounds[b + 1] - bounds[b]
+        if length % unit:
+            raise ValueError(f"shard_varlen: sequence {b} has length {length}, expected a multiple of {unit} "
+                             f"({'2*world, causal' if causal else 'world'})")
+        seq = x.narrow(dim, bounds[b], length)
+        parts.append(zigzag_shard(seq, rank, world, dim) if causal else seq.chunk(world, dim=dim)[rank])
+    local = torch.cat(parts, dim=dim) if parts else x.narrow(dim, 0, 0)
+    return local, torch.div(cu_seqlens, world, rounding_mode="floor")
+
+
+def unshard_varlen(shards: List[Tensor], cu_seqlens: Tensor, world: int, causal: bool = False, dim: int = 0):
+    """Inverse of shard_varlen: the packed global tensor from the shards of ranks 0..world-1
+    (cu_seqlens: the global offsets)."""
+    if len(shards) != world:
+        raise ValueError(f"unshard_varlen: expected {world} shards, got {len(shards)}")
+    local = [b // world for b in cu_seqlens.tolist()]
+    seqs = []
+    for b in range(len(local) - 1):
+        pieces = [s.narrow(dim, local[b], local[b + 1] - local[b]) for s in shards]
+        seqs.append(zigzag_unshard(pieces, world, dim) if causal else torch.cat(pieces, dim=dim))
+    return torch.cat(seqs, dim=dim) if seqs else shards[0].narrow(dim, 0, 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,16 +130,6 @@ def _compute(*tensors: Tensor) -> Tuple[Tensor, ...]:
     if tensors[0].device.type != "cpu":
         return tensors
     return tuple(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors)
-
-
-def _fwd(q, k, v, scale, call, softcap):
-    return torch.ops.flashattn.fwd(*_compute(q, k, v), None, None, scale, call.causal, call.top_left,
-                                   call.window_left, call.window_right, softcap, 0.0, False)
-
-
-def _bwd(dout, q, k, v, out, lse, scale, call, softcap):
-    return torch.ops.flashattn.bwd(*_compute(dout, q, k, v, out), lse, None, None, scale, call.causal,
-                                   call.top_left, call.window_left, call.window_right, softcap, 0.0, False)
 
 
 def _merge(out: Tensor, lse: Tensor, out_i: Tensor, lse_i: Tensor) -> None:
@@ -180,13 +203,125 @@ def _calls(causal: bool, window: Tuple[int, int], rank: int, src: int, world: in
     return calls
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal, window, softcap, group):
-        ring = _Ring(group)
+class _Dense:
+    """Shards (B, S_local, H, D); a call's rows and keys are slices of dim 1; LSE (B, H, S_local)."""
+
+    def __init__(self, causal, window, softcap, scale):
+        self.causal, self.window, self.softcap, self.scale = causal, window, softcap, scale
+
+    def calls(self, q, rank, src, world):
+        return _calls(self.causal, self.window, rank, src, world, q.shape[1])
+
+    def empty(self, q, v):
         b, s, h, _ = q.shape
-        out = torch.zeros((b, s, h, v.shape[-1]), dtype=torch.float32, device=q.device)
-        lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+        return (torch.zeros((b, s, h, v.shape[-1]), dtype=torch.float32, device=q.device),
+                torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device))
+
+    def fwd(self, call, q, k, v, out, lse):
+        o_i, l_i = torch.ops.flashattn.fwd(*_compute(q[:, call.rows], k[:, call.cols], v[:, call.cols]), None, None,
+                                           self.scale, call.causal, call.top_left, call.window_left,
+                                           call.window_right, self.softcap, 0.0, False)
+        _merge(out[:, call.rows], lse[:, :, call.rows], o_i, l_i)
+
+    def bwd(self, call, dout, q, k, v, out, lse, dq):
+        """Adds the call's dQ; returns its dK, dV for add_dkv."""
+        rows, cols = call.rows, call.cols
+        dq_i, dk_i, dv_i = torch.ops.flashattn.bwd(
+            *_compute(dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows]), lse[:, :, rows], None, None,
+            self.scale, call.causal, call.top_left, call.window_left, call.window_right, self.softcap, 0.0, False)
+        dq[:, rows] += dq_i.float()
+        return dk_i, dv_i
+
+    def add_dkv(self, call, dkv, dk_i, dv_i):
+        dkv[0][:, call.cols] += dk_i.float()
+        dkv[1][:, call.cols] += dv_i.float()
+
+
+class _VarlenCall(NamedTuple):
+    rows: Tensor  # packed local query rows of the call's sequences, in order
+    cols: Tensor  # packed local key rows
+    cu_q: Tensor  # int32 (n+1) offsets of the call's sequences in rows / cols
+    cu_k: Tensor
+    max_q: int
+    max_k: int
+    mask: _Call   # causal / alignment / window of every sequence of the call
+
+
+class _Varlen:
+    """Shards (T_local, H, D) of packed sequences, every sequence sharded over the ranks (its local length
+    cu_seqlens[b+1] - cu_seqlens[b] is the same on every rank); LSE (H, T_local).
+
+    Each sequence gets the dense plan of its own length; the calls of equal mask and the same place in
+    their sequence's plan go into one varlen library call, so a query row appears at most once per call.
+    """
+
+    def __init__(self, cu_seqlens, causal, window, softcap, scale):
+        self.causal, self.window, self.softcap, self.scale = causal, window, softcap, scale
+        self.bounds = cu_seqlens.tolist()
+
+    def calls(self, q, rank, src, world):
+        groups = {}
+        for b in range(len(self.bounds) - 1):
+            start, length = self.bounds[b], self.bounds[b + 1] - self.bounds[b]
+            if length == 0:
+                continue
+            for position, call in enumerate(_calls(self.causal, self.window, rank, src, world, length)):
+                key = (position, call.causal, call.top_left, call.window_left, call.window_right)
+                rows = range(length)[call.rows]
+                cols = range(length)[call.cols]
+                groups.setdefault(key, []).append((start, rows, cols, call))
+        calls = []
+        for members in groups.values():
+            def packed(which):
+                return torch.cat([torch.arange(start + m[which].start, start + m[which].stop, device=q.device)
+                                  for start, *m in members])
+
+            def offsets(which):
+                lengths = torch.tensor([len(m[which]) for _, *m in members], dtype=torch.int32)
+                return torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)]).to(q.device)
+
+            calls.append(_VarlenCall(packed(0), packed(1), offsets(0), offsets(1),
+                                     max(len(m[0]) for _, *m in members), max(len(m[1]) for _, *m in members),
+                                     members[0][3]))
+        return calls
+
+    def empty(self, q, v):
+        t, h, _ = q.shape
+        return (torch.zeros((t, h, v.shape[-1]), dtype=torch.float32, device=q.device),
+                torch.full((h, t), float("-inf"), dtype=torch.float32, device=q.device))
+
+    def fwd(self, call, q, k, v, out, lse):
+        m = call.mask
+        o_i, l_i = torch.ops.flashattn.fwd_varlen(
+            *_compute(q[call.rows], k[call.cols], v[call.cols]), call.cu_q, call.cu_k, call.max_q, call.max_k, None,
+            None, self.scale, m.causal, m.top_left, m.window_left, m.window_right, self.softcap, 0.0, False)
+        # gather, merge, scatter: (T, H, D) rows and (H, T) columns; _merge takes (B, S, H, D) / (B, H, S)
+        o, l_ = out[call.rows].unsqueeze(0), lse[:, call.rows].unsqueeze(0)
+        _merge(o, l_, o_i.unsqueeze(0), l_i.unsqueeze(0))
+        out[call.rows] = o[0]
+        lse[:, call.rows] = l_[0]
+
+    def bwd(self, call, dout, q, k, v, out, lse, dq):
+        m, rows, cols = call.mask, call.rows, call.cols
+        dq_i, dk_i, dv_i = torch.ops.flashattn.bwd_varlen(
+            *_compute(dout[rows], q[rows], k[cols], v[cols], out[rows]), lse[:, rows].contiguous(), call.cu_q,
+            call.cu_k, call.max_q, call.max_k, None, None, self.scale, m.causal, m.top_left, m.window_left,
+            m.window_right, self.softcap, 0.0, False)
+        dq.index_add_(0, rows, dq_i.float())
+        return dk_i, dv_i
+
+    def add_dkv(self, call, dkv, dk_i, dv_i):
+        dkv[0].index_add_(0, call.cols, dk_i.float())
+        dkv[1].index_add_(0, call.cols, dv_i.float())
+
+
+class _RingAttention(torch.autograd.Function):
+    """The ring loop, for either layout (_Dense or _Varlen): both keep the sequence's rows in dim -3."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, group):
+        ring = _Ring(group)
+        out, lse = layout.empty(q, v)
         kv = torch.stack([k, v]) if k.shape == v.shape else None
         cur_k, cur_v = k, v
         for step in range(ring.world):
@@ -198,9 +333,8 @@ class _RingAttention(torch.autograd.Function):
                     (nk, rk), (nv, rv) = ring.shift(cur_k.contiguous(), 0), ring.shift(cur_v.contiguous(), 1)
                     reqs = list(rk) + list(rv)
             src = (ring.rank - step) % ring.world
-            for call in _calls(causal, window, ring.rank, src, ring.world, s):
-                o_i, l_i = _fwd(q[:, call.rows], cur_k[:, call.cols], cur_v[:, call.cols], scale, call, softcap)
-                _merge(out[:, call.rows], lse[:, :, call.rows], o_i, l_i)
+            for call in layout.calls(q, ring.rank, src, ring.world):
+                layout.fwd(call, q, cur_k, cur_v, out, lse)
             _wait(reqs)
             if step + 1 < ring.world:
                 if kv is not None:
@@ -211,17 +345,16 @@ class _RingAttention(torch.autograd.Function):
         lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)  # library convention
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.window, ctx.softcap, ctx.group = scale, causal, window, softcap, group
+        ctx.layout, ctx.group = layout, group
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, window, softcap = ctx.scale, ctx.causal, ctx.window, ctx.softcap
+        layout = ctx.layout
         ring = _Ring(ctx.group)
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-        b, s, h, _ = q.shape
         same = k.shape == v.shape
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]) if same else None
@@ -236,13 +369,8 @@ class _RingAttention(torch.autograd.Function):
                     (nk, rk), (nv, rv) = ring.shift(cur_k.contiguous(), 0), ring.shift(cur_v.contiguous(), 1)
                     kv_reqs = list(rk) + list(rv)
             src = (ring.rank - step) % ring.world
-            contribs = []
-            for call in _calls(causal, window, ring.rank, src, ring.world, s):
-                rows, cols = call.rows, call.cols
-                dq_i, dk_i, dv_i = _bwd(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols], out[:, rows],
-                                        lse[:, :, rows], scale, call, softcap)
-                dq[:, rows] += dq_i.float()
-                contribs.append((cols, dk_i, dv_i))
+            contribs = [(call, *layout.bwd(call, dout, q, cur_k, cur_v, out, lse, dq))
+                        for call in layout.calls(q, ring.rank, src, ring.world)]
             # the accumulator of the shard held now arrives from the previous rank (posted last step)
             _wait(dkv_reqs)
             if dkv_recv is None:
@@ -250,9 +378,8 @@ class _RingAttention(torch.autograd.Function):
                        torch.zeros(cur_v.shape, dtype=torch.float32, device=q.device)]
             else:
                 dkv = dkv_recv
-            for cols, dk_i, dv_i in contribs:
-                dkv[0][:, cols] += dk_i.float()
-                dkv[1][:, cols] += dv_i.float()
+            for call, dk_i, dv_i in contribs:
+                layout.add_dkv(call, dkv, dk_i, dv_i)
             if ring.world > 1:  # send it on; after the last step it reaches its owner
                 (rk_, r1), (rv_, r2) = ring.shift(dkv[0], 2), ring.shift(dkv[1], 3)
                 dkv_recv, dkv_reqs = [rk_, rv_], list(r1) + list(r2)
@@ -267,7 +394,25 @@ class _RingAttention(torch.autograd.Function):
                     cur_k, cur_v = nk, nv
         _wait(dkv_reqs)
         dk, dv = dkv_recv
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, head_dim):
+    if alibi_slopes is not None:
+        raise NotImplementedError("ring_attention: alibi_slopes are not supported (the library's ALiBi distance "
+                                  "is relative to each call's local alignment); gather the sequence and use "
+                                  "flashattn.flash_attn_func(..., alibi_slopes=...)")
+    if dropout_p != 0.0:
+        raise NotImplementedError("ring_attention: dropout_p > 0 is not supported (the keep mask is indexed by "
+                                  "local positions); gather the sequence and use flashattn.flash_attn_func(..., "
+                                  "dropout_p=...)")
+    window = _window(causal, window_size)
+    if window[0] < -1 or window[1] < -1:
+        raise ValueError(f"window_size: expected values >= -1 (-1: unbounded), got {tuple(window_size)}")
+    softcap = float(softcap)
+    if not softcap >= 0.0:
+        raise ValueError(f"softcap: expected a value >= 0 (0: off), got {softcap}")
+    return window, softcap, _scale(softmax_scale, head_dim)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False,
@@ -294,22 +439,49 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
     if causal and q.shape[1] % 2:
         raise ValueError(f"ring_attention: causal needs an even local sequence length (zigzag sharding), "
                          f"got {q.shape[1]}")
-    if alibi_slopes is not None:
-        raise NotImplementedError("ring_attention: alibi_slopes are not supported (the library's ALiBi distance "
-                                  "is relative to each call's local alignment); gather the sequence and use "
-                                  "flashattn.flash_attn_func(..., alibi_slopes=...)")
-    if dropout_p != 0.0:
-        raise NotImplementedError("ring_attention: dropout_p > 0 is not supported (the keep mask is indexed by "
-                                  "local positions); gather the sequence and use flashattn.flash_attn_func(..., "
-                                  "dropout_p=...)")
-    window = _window(causal, window_size)
-    if window[0] < -1 or window[1] < -1:
-        raise ValueError(f"window_size: expected values >= -1 (-1: unbounded), got {tuple(window_size)}")
-    softcap = float(softcap)
-    if not softcap >= 0.0:
-        raise ValueError(f"softcap: expected a value >= 0 (0: off), got {softcap}")
-    scale = _scale(softmax_scale, q.shape[-1])
+    window, softcap, scale = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
+                                      q.shape[-1])
     dv = v.shape[-1]
-    out, lse = _RingAttention.apply(_pad8(q), _pad8(k), _pad8(v), scale, bool(causal), window, softcap, group)
+    out, lse = _RingAttention.apply(_pad8(q), _pad8(k), _pad8(v), _Dense(bool(causal), window, softcap, scale), group)
+    out = out if out.shape[-1] == dv else out[..., :dv]
+    return (out, lse) if return_lse else out
+
+
+def ring_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, group=None,
+                          causal: bool = False, softmax_scale: Optional[float] = None, window_size=(-1, -1),
+                          softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+                          return_lse: bool = False):
+    """ring_attention for packed variable-length sequences, each one sharded over all ranks.
+
+    q (T_local, H, D), k (T_local, Hkv, D), v (T_local, Hkv, Dv) hold this rank's shard of every
+    sequence, as `shard_varlen` makes them; cu_seqlens (int32, B+1) are the LOCAL offsets, the same on
+    every rank (each sequence's local length is its length / world), max_seqlen the longest local
+    length. Causal: zigzag shards of each sequence. Options as ring_attention. Returns out
+    (T_local, H, Dv) and, with return_lse=True, the global LSE (H, T_local) fp32.
+    """
+    _ops.check_devices(q=q, k=k, v=v)
+    _ops.check_rank("q", q, 3, "(total_local, heads, head_dim)")
+    _ops.check_rank("k", k, 3, "(total_local, heads_k, head_dim)")
+    _ops.check_rank("v", v, 3, "(total_local, heads_k, head_dim_v)")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"ring_attention_varlen: q, k, v must have the same number of local rows, got "
+                         f"{q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens: expected int32 offsets of shape (batch + 1,), got {cu_seqlens.dtype} "
+                         f"{tuple(cu_seqlens.shape)}")
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    if bounds[0] != 0 or min(lengths) < 0 or bounds[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to the {q.shape[0]} local rows, "
+                         f"got {bounds}")
+    if causal and any(n % 2 for n in lengths):
+        raise ValueError(f"ring_attention_varlen: causal needs even local sequence lengths (zigzag), got {lengths}")
+    if max_seqlen < max(lengths):
+        raise ValueError(f"max_seqlen: expected at least the longest local sequence, {max(lengths)}, got {max_seqlen}")
+    window, softcap, scale = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
+                                      q.shape[-1])
+    dv = v.shape[-1]
+    layout = _Varlen(cu_seqlens, bool(causal), window, softcap, scale)
+    out, lse = _RingAttention.apply(_pad8(q), _pad8(k), _pad8(v), layout, group)
     out = out if out.shape[-1] == dv else out[..., :dv]
     return (out, lse) if return_lse else out

@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flashattn
-from flashattn.distributed import ring_attention, zigzag_shard, zigzag_unshard
+from flashattn.distributed import (ring_attention, ring_attention_varlen, shard_varlen, unshard_varlen, zigzag_shard,
+                                   zigzag_unshard)
 from conftest import assert_2x, attention_ref
 
 # (name, B, N total tokens, H, Hkv, causal, Dv, window_size, softcap, dtype); D = 32. Dv != D takes the
@@ -33,8 +34,26 @@ CASES = [
     ("causal_window_gqa", 1, 128, 4, 2, True, 32, (20, -1), 0.0, torch.float32),
     ("causal_softcap_bf16", 2, 64, 2, 2, True, 32, (-1, -1), 5.0, torch.bfloat16),
 ]
+# (name, sequence lengths, H, Hkv, causal, window_size); fp32, D = Dv = 32. Lengths are multiples of
+# 2 * 4 (zigzag at 4 ranks); an empty sequence included.
+VARLEN_CASES = [
+    ("varlen_causal_gqa", [16, 0, 48, 32], 4, 2, True, (-1, -1)),
+    ("varlen_window", [24, 8, 40], 2, 2, False, (10, 3)),
+    ("varlen_causal_window_mqa", [32, 16, 48], 2, 1, True, (12, 0)),
+]
 D = 32
 WORLDS = [2, 4]
+
+
+def _cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _varlen_inputs(case, seed):
+    name, lengths, h, hkv, causal, window = case
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lengths)
+    return tuple(torch.randn(t, heads, D, generator=g) for heads in (h, hkv, hkv, h))
 JOIN_TIMEOUT_S = 120
 
 
@@ -71,6 +90,18 @@ def _worker(rank, world, tmp):
             out, lse = ring_attention(q, k, v, causal=causal, window_size=window, softcap=softcap, return_lse=True)
             out.backward(dout)
             results[case[0]] = (out.detach(), lse, q.grad, k.grad, v.grad)
+        for case in VARLEN_CASES:
+            name, lengths, _, _, causal, window = case
+            cu = _cu(lengths)
+            shards = [shard_varlen(x, cu, rank, world, causal) for x in inputs[name]]
+            cu_local = shards[0][1]
+            q, k, v, dout = (x for x, _ in shards)
+            q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
+            local_max = max(b - a for a, b in zip(cu_local.tolist(), cu_local.tolist()[1:]))
+            out, lse = ring_attention_varlen(q, k, v, cu_local, local_max, causal=causal, window_size=window,
+                                             return_lse=True)
+            out.backward(dout)
+            results[name] = (out.detach(), lse, q.grad, k.grad, v.grad)
         torch.save(results, os.path.join(tmp, f"rank{rank}.pt"))
         dist.barrier()
     finally:
@@ -97,6 +128,7 @@ def ring_run(request, tmp_path_factory):
     world = request.param
     tmp = str(tmp_path_factory.mktemp(f"ring{world}"))
     inputs = {case[0]: _inputs(case, 1234 + i) for i, case in enumerate(CASES)}
+    inputs.update({case[0]: _varlen_inputs(case, 4321 + i) for i, case in enumerate(VARLEN_CASES)})
     torch.save(inputs, os.path.join(tmp, "inputs.pt"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     _spawn(world, tmp)
@@ -108,6 +140,12 @@ def ring_run(request, tmp_path_factory):
         # lse is (B, H, S): its sequence dim is 2
         out, lse, dq, dk, dv = (_unshard(p, world, causal, dim=2 if i == 1 else 1) for i, p in enumerate(parts))
         results[case[0]] = (out, lse, dq, dk, dv)
+    for case in VARLEN_CASES:
+        name, lengths, _, _, causal, _ = case
+        parts = [[per_rank[r][name][i] for r in range(world)] for i in range(5)]
+        # lse is (H, T): its row dim is 1
+        results[name] = tuple(unshard_varlen(p, _cu(lengths), world, causal, dim=1 if i == 1 else 0)
+                              for i, p in enumerate(parts))
     return world, inputs, results
 
 
@@ -134,6 +172,51 @@ def test_ring_attention_matches_single_process(ring_run, case):
     for gname, g, gs, gr in zip(("dq", "dk", "dv"), (dq, dk, dv), single_grads, ref_grads):
         assert g.shape == gr.shape and g.dtype == dtype
         assert_2x(g, gs, gr, f"{name} world{world} {gname}", scale)
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=[c[0] for c in VARLEN_CASES])
+def test_ring_attention_varlen_matches_single_process(ring_run, case):
+    """Packed sequences, each sharded over every rank: against flash_attn_varlen_func (the naive term) and
+    a per-sequence fp64 reference."""
+    world, inputs, results = ring_run
+    name, lengths, h, hkv, causal, window = case
+    q, k, v, dout = inputs[name]
+    out, lse, dq, dk, dv = results[name]
+    cu = _cu(lengths)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    single, single_lse, _ = flashattn.flash_attn_varlen_func(*leaves, cu, cu, max(lengths), max(lengths),
+                                                             causal=causal, window_size=window,
+                                                             return_attn_probs=True)
+    single_grads = torch.autograd.grad(single, leaves, dout)
+    ref_out, ref_lse, ref_grads = torch.zeros_like(single, dtype=torch.float64), \
+        torch.full_like(single_lse, float("inf"), dtype=torch.float64), [torch.zeros_like(x, dtype=torch.float64)
+                                                                       for x in (q, k, v)]
+    for a, b in zip(cu.tolist(), cu.tolist()[1:]):
+        if a == b:
+            continue
+        xs = [x[a:b].double()[None].requires_grad_(True) for x in (q, k, v)]
+        o, l = attention_ref(*xs, causal=causal, window=window)
+        ref_out[a:b], ref_lse[:, a:b] = o[0].detach(), l[0].detach()
+        for g_all, g in zip(ref_grads, torch.autograd.grad(o, xs, dout[a:b].double()[None])):
+            g_all[a:b] = g[0]
+    assert out.shape == (sum(lengths), h, D) and lse.shape == (h, sum(lengths))
+    assert_2x(out, single.detach(), ref_out, f"{name} world{world} out")
+    assert_2x(lse, single_lse, ref_lse, f"{name} world{world} lse")
+    scale = max(g.abs().max().item() for g in ref_grads)
+    for gname, g, gs, gr in zip(("dq", "dk", "dv"), (dq, dk, dv), single_grads, ref_grads):
+        assert_2x(g, gs, gr, f"{name} world{world} {gname}", scale)
+
+
+def test_shard_varlen_roundtrip():
+    cu = _cu([8, 0, 16])
+    x = torch.arange(24 * 3).reshape(24, 3)
+    for causal in (False, True):
+        shards = [shard_varlen(x, cu, r, 2, causal) for r in range(2)]
+        assert shards[0][1].tolist() == [0, 4, 4, 12]
+        assert torch.equal(unshard_varlen([s for s, _ in shards], cu, 2, causal), x)
+    assert shards[1][0][:4, 0].tolist() == [6, 9, 12, 15]  # causal, rank 1: chunks 1 and 2 (rows 2-5) of sequence 0
+    with pytest.raises(ValueError, match="sequence 0 has length 8"):
+        shard_varlen(x, cu, 0, 3)
 
 
 def test_zigzag_roundtrip_and_layout():
@@ -174,7 +257,7 @@ def test_ring_call_plan_matches_single_process(causal):
     """The per-step call plan (_calls) against single-process attention, without processes: every rank's
     shards are computed in one process, step by step, and merged as the ring merges them. Worlds 1-4,
     windows that fall inside one chunk, span chunk boundaries, are one-sided or wider than the sequence."""
-    from flashattn.distributed import _calls, _fwd, _merge
+    from flashattn.distributed import _Dense
 
     g = torch.Generator().manual_seed(7)
     n, scale = 96, 0.25
@@ -186,17 +269,44 @@ def test_ring_call_plan_matches_single_process(causal):
             outs = []
             for rank in range(world):
                 q_local = _shard(q, rank, world, causal)
-                s = q_local.shape[1]
-                out = torch.zeros(1, s, 2, 16)
-                lse = torch.full((1, 2, s), float("-inf"))
+                layout = _Dense(causal, window, 0.0, scale)
+                out, lse = layout.empty(q_local, q_local)
                 for src in range(world):
                     k_local, v_local = _shard(k, src, world, causal), _shard(v, src, world, causal)
-                    for call in _calls(causal, window, rank, src, world, s):
-                        o, l = _fwd(q_local[:, call.rows], k_local[:, call.cols], v_local[:, call.cols], scale, call,
-                                    0.0)
-                        _merge(out[:, call.rows], lse[:, :, call.rows], o, l)
+                    for call in layout.calls(q_local, rank, src, world):
+                        layout.fwd(call, q_local, k_local, v_local, out, lse)
                 outs.append(out)
             err = (_unshard(outs, world, causal) - ref).abs().max().item()
+            assert err < 2e-6, f"window {window} world {world}: max error {err:.2e}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ring_varlen_call_plan_matches_single_process(causal):
+    """_Varlen's grouped calls against flash_attn_varlen_func, in one process, worlds 1-4 (lengths that are
+    multiples of 24 = 2 * 3 * 4, an empty sequence included)."""
+    from flashattn.distributed import _Varlen
+
+    g = torch.Generator().manual_seed(11)
+    lengths = [24, 0, 48, 72]
+    cu = _cu(lengths)
+    q, k, v = (torch.randn(sum(lengths), 2, 16, generator=g) for _ in range(3))
+    for window in [(-1, -1), (5, 0), (7, 3), (30, -1), (0, 0)]:
+        window = (window[0], 0) if causal else window
+        ref = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), softmax_scale=0.25,
+                                               causal=causal, window_size=window)
+        for world in (1, 2, 3, 4):
+            outs = []
+            for rank in range(world):
+                q_local, cu_local = shard_varlen(q, cu, rank, world, causal)
+                layout = _Varlen(cu_local, causal, window, 0.0, 0.25)
+                out, lse = layout.empty(q_local, q_local)
+                for src in range(world):
+                    k_local, v_local = shard_varlen(k, cu, src, world, causal)[0], shard_varlen(v, cu, src, world,
+                                                                                                causal)[0]
+                    for call in layout.calls(q_local, rank, src, world):
+                        layout.fwd(call, q_local, k_local, v_local, out, lse)
+                outs.append(out)
+            err = (unshard_varlen(outs, cu, world, causal) - ref).abs().max().item()
             assert err < 2e-6, f"window {window} world {world}: max error {err:.2e}"
 
 
