@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   T* sdO = sQ + kStages * TileQ::kElements;  // kStages x (kBlockM, kHeadDim)
   T* sP = sdO + kStages * TileQ::kElements;  // (kBlockN, kBlockM): P^T with dropout applied
   T* sdS = sP + TileP::kElements;            // (kBlockN, kBlockM): dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + TileP::kElements);  // kStages x kBlockM, log2 units
+  float* sLse = reinterpret_cast<float*>(sdS + TileP::kElements);  // kStages x kBlockM
   float* sDelta = sLse + kStages * kBlockM;                          // kStages x kBlockM
 
   const int n_block = blockIdx.x, b = blockIdx.z;
@@ -206,12 +206,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         sdO + stage * TileQ::kElements,
         static_cast<const T*>(params.dout) + row_offset(params.dout_layout, b, seq.q_row0 + m0, h),
         params.dout_layout.row, rows, dim_v, tid);
-    cp_async_commit();
+    // LSE and delta through cp.async too: a plain load would stall its warp
+    // for the global latency at the start of every item, and the first barrier
+    // of the item would hold every other warp behind it. Rows past the end
+    // read zero; finish_item_load makes their LSE +inf (P = 0).
     for (int i = tid; i < kBlockM; i += kThreads) {
       const bool valid = i < rows;
-      const float lse = valid ? params.lse[row_offset(params.lse_layout, b, seq.q_row0 + m0 + i, h)] : INFINITY;
-      sLse[stage * kBlockM + i] = lse * kLog2e;
-      sDelta[stage * kBlockM + i] = valid ? pass.delta[int64_t(h) * params.total_q + q_packed0 + m0 + i] : 0.0f;
+      const float* lse = params.lse + (valid ? row_offset(params.lse_layout, b, seq.q_row0 + m0 + i, h) : 0);
+      const float* delta = pass.delta + (valid ? int64_t(h) * params.total_q + q_packed0 + m0 + i : 0);
+      cp_async_4(sLse + stage * kBlockM + i, lse, valid);
+      cp_async_4(sDelta + stage * kBlockM + i, delta, valid);
+    }
+    cp_async_commit();
+  };
+
+  // After cp_async_wait: each thread turns the LSE words it copied into log2
+  // units (the barrier that follows publishes them).
+  auto finish_item_load = [&](int stage, int m_block) {
+    const int rows = min(kBlockM, seq.len_q - m_block * kBlockM);
+    for (int i = tid; i < kBlockM; i += kThreads) {
+      float& lse = sLse[stage * kBlockM + i];
+      lse = i < rows ? lse * kLog2e : INFINITY;
     }
   };
 
@@ -222,7 +237,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const T* sQs = sQ + stage * TileQ::kElements;
     const T* sdOs = sdO + stage * TileQ::kElements;
-    const float* lse = sLse + stage * kBlockM;
+    const float* lse = sLse + stage * kBlockM;  // log2 units, +inf past the end (finish_item_load)
     const float* delta = sDelta + stage * kBlockM;
     const ScoreTransform transform = make_score_transform(params, b, h);
     const float log2_scale = transform.log2_scale();
@@ -340,6 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     int next_h = h, next_m = m_block;
     const bool has_next = next_item(next_h, next_m);
     cp_async_wait<0>();
+    finish_item_load(stage, m_block);
     __syncthreads();  // this item's Q, dO, LSE, delta landed; everyone is done with the other stage
     release_pending();
     if (kStages == 2 && has_next) load_item(stage ^ 1, next_h, next_m);

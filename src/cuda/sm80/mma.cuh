@@ -63,6 +63,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
                "r"(src_bytes));
 }
+// One fp32 word; an invalid source writes zero.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
