@@ -9,7 +9,8 @@
 # device when the machine has no GTest. A full run takes about 180 s there.
 # Environment knobs:
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
-#                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt)
+#                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt,
+#                                            "profile": ncu on the backward kernel)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
 #   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
@@ -114,6 +115,19 @@ if has_stage alt; then
     else
       note "== A/B $name build FAILED"; grep -m5 -A3 error "/tmp/alt_$name.log" >>"$SUMMARY"
     fi
+  done
+fi
+
+# Nsight Compute on the backward kernel (hdim 128, 16k, bf16): warp stall reasons, pipe use,
+# shared-memory traffic; the report lands in the packed logs.
+if has_stage profile; then
+  for variant in "" "--causal"; do
+    timeout "${FA_PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:bwd_kernel --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+      env FLASHATTN_LIB=$PWD/build/libflashattn.so python3 bench/gpu/profile_bwd.py --dim 128 $variant \
+      >"$OUT/ncu_bwd128${variant//-/_}.txt" 2>&1
+    note "== ncu bwd hdim128 16k $variant: exit $?, $(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_bwd128${variant//-/_}.txt" | tr -s ' ')"
   done
 fi
 
