@@ -80,6 +80,12 @@ fa_status check_rotary(const fa_kvcache_args& a, KvCacheParams& p) {
                 "rotary_cos: expected at least %" PRId64 " positions (the cache capacity), got shape %s", p.capacity,
                 shape_string(a.rotary_cos).c_str());
   FA_TRY(check_shape("rotary_sin", a.rotary_sin, {a.rotary_cos.shape[0], a.rotary_cos.shape[1]}));
+  const bool ordered = a.opts.causal != 0 || a.opts.window_left >= 0 || a.opts.window_right >= 0;
+  if (ordered && p.seqlen_q > p.seqlen_new)
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "q: expected at most %" PRId64 " queries (the new keys) with rotary and a causal or local mask (query i "
+                "is rotated at cache_seqlens + i), got %" PRId64,
+                p.seqlen_new, p.seqlen_q);
   p.rotary_cos = a.rotary_cos.data;
   p.rotary_sin = a.rotary_sin.data;
   p.rotary_dim = rotary_dim;
