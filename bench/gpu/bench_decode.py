@@ -78,7 +78,7 @@ class KvCache:
             raise RuntimeError(f"fa_fwd_kvcache failed ({status}): {self.fa.lib.fa_last_error().decode()}")
 
 
-def eager_time_ms(fns, reps=7):
+def eager_time_ms(fns, reps=5):
     """Median time of one call, launched from Python (for calls that cannot be captured)."""
     for fn in fns:
         fn()
@@ -94,7 +94,7 @@ def eager_time_ms(fns, reps=7):
     return statistics.median(times)
 
 
-def graph_time_ms(fns, reps=7):
+def graph_time_ms(fns, reps=5):
     """Median time of one call: fns (one per cache copy) captured into a CUDA graph, replayed."""
     for fn in fns:
         fn()
