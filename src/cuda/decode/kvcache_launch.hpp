@@ -11,15 +11,9 @@
 
 namespace flashattn::cuda::decode {
 
-// Keys per split come in multiples of kKeysPerTile.
+// Packed query rows per block and keys per tile of split_kv_kernel (kvcache_kernel.cuh).
+constexpr int kRowsPerBlock = 16;
 constexpr int kKeysPerTile = 64;
-
-// Packed query rows per block of split_kv_kernel (split_kv_kernel.cuh): 4 for
-// decode with G <= 4 (q and O of 4 rows in registers leave room for 3 blocks
-// per SM), else 8 (more rows: more row blocks, each reading K/V again).
-constexpr int rows_per_block(int64_t rows) { return rows <= 4 ? 4 : 8; }
-// Resident blocks per SM of that kernel (registers bound it), for the split heuristic.
-constexpr int blocks_per_sm(int64_t rows) { return rows <= 4 ? 3 : 2; }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
 // partials of the splits (none when splits == 1).

@@ -1,3 +1,5 @@
+// NOT BUILT: the second version of the split-KV kernel, kept for the record (dev/kvcache_decode.md).
+// Its first launch on the H200 failed with an illegal address; the library keeps src/cuda/decode v1.
 // Split-KV ("flash-decoding") attention against a KV cache, for sm_80 and sm_90a.
 //
 // Decode reads every K/V byte of the cache once and does little math per byte
