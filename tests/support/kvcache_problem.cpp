@@ -368,11 +368,16 @@ void KvProblem::poison_outputs() {
   lse.poison();
 }
 
-void expect_kvcache_matches(const KvProblem& p) {
+KvReference kv_reference(const KvProblem& p) {
+  return {reference_forward(p.g, p.sem, p.q_rows, p.k_rows, p.v_rows),
+          attention_forward(p.g, p.sem, p.q_rows, p.k_rows, p.v_rows, p.c.dtype, false)};
+}
+
+void expect_kvcache_matches(const KvProblem& p, const KvReference& r) {
   EXPECT_TRUE(p.k_cache.bytes() == p.expected_k_cache.bytes()) << "k_cache differs from the expected append";
   EXPECT_TRUE(p.v_cache.bytes() == p.expected_v_cache.bytes()) << "v_cache differs from the expected append";
-  const FwdOut ref = reference_forward(p.g, p.sem, p.q_rows, p.k_rows, p.v_rows);
-  const FwdOut naive = attention_forward(p.g, p.sem, p.q_rows, p.k_rows, p.v_rows, p.c.dtype, false);
+  const FwdOut& ref = r.ref;
+  const FwdOut& naive = r.naive;
   EXPECT_TRUE(within_tolerance("O", p.out.to_vector(), ref.o, naive.o));
   if (!p.c.with_lse) return;
   std::vector<double> lse(static_cast<size_t>(p.g.total_q * p.g.H));

@@ -67,8 +67,15 @@ struct KvProblem {
 
 KvProblem make_kv_problem(const KvCase& c);
 
+// The fp64 reference and the same-precision naive result on the gathered cache.
+struct KvReference {
+  FwdOut ref, naive;
+};
+KvReference kv_reference(const KvProblem& p);
+
 // O and LSE within the 2x rule of the reference on the gathered cache, empty
 // rows exact, both caches equal to the expected ones byte for byte.
-void expect_kvcache_matches(const KvProblem& p);
+void expect_kvcache_matches(const KvProblem& p, const KvReference& r);
+inline void expect_kvcache_matches(const KvProblem& p) { expect_kvcache_matches(p, kv_reference(p)); }
 
 }  // namespace fatest
