@@ -71,8 +71,37 @@ fa_status check_backend(fa_device_type device, const AttnParams& params) {
 #endif
 }
 
+fa_status check_backend(fa_device_type device, const KvCacheParams& params) {
+  if (device == FA_DEVICE_CPU) return FA_OK;
+#if defined(FLASHATTN_WITH_CUDA)
+  return cuda::check_kvcache_supported(params);
+#else
+  (void)params;
+  return fail(FA_ERROR_UNSUPPORTED,
+              "q: expected a CPU tensor (this flashattn was built without CUDA), got a CUDA tensor; rebuild with "
+              "-DFLASHATTN_CUDA=ON");
+#endif
+}
+
 template <typename Params>
 size_t workspace_bytes(fa_device_type device, const Params& params);
+
+template <>
+size_t workspace_bytes(fa_device_type device, const KvCacheParams& params) {
+#if defined(FLASHATTN_WITH_CUDA)
+  if (device == FA_DEVICE_CUDA) return cuda::fwd_kvcache_workspace_bytes(params);
+#endif
+  (void)device;
+  return cpu::fwd_kvcache_workspace_bytes(params);
+}
+
+fa_status run_backend(fa_device_type device, const KvCacheParams& params, void* workspace) {
+#if defined(FLASHATTN_WITH_CUDA)
+  if (device == FA_DEVICE_CUDA) return cuda::fwd_kvcache(params, workspace);
+#endif
+  (void)device;
+  return cpu::fwd_kvcache(params, workspace);
+}
 
 template <>
 size_t workspace_bytes(fa_device_type device, const FwdParams& params) {
@@ -188,6 +217,13 @@ void fa_bwd_args_init(fa_bwd_args* args) {
   fa_options_init(&args->opts);
 }
 
+void fa_kvcache_args_init(fa_kvcache_args* args) {
+  if (args == nullptr) return;
+  std::memset(args, 0, sizeof(*args));
+  args->rotary_interleaved = 1;
+  fa_options_init(&args->opts);
+}
+
 fa_tensor fa_tensor_contiguous(void* data, fa_dtype dtype, fa_device_type device, int32_t rank, const int64_t* shape) {
   fa_tensor t;
   std::memset(&t, 0, sizeof(t));
@@ -219,6 +255,15 @@ fa_status fa_fwd(const fa_fwd_args* args, void* workspace, size_t workspace_byte
 
 fa_status fa_bwd(const fa_bwd_args* args, void* workspace, size_t workspace_bytes) {
   return guarded([&] { return run<fa_bwd_args, BwdParams>(args, workspace, workspace_bytes, validate_bwd); });
+}
+
+fa_status fa_fwd_kvcache_workspace_size(const fa_kvcache_args* args, size_t* bytes) {
+  return guarded([&] { return query<fa_kvcache_args, KvCacheParams>(args, bytes, validate_kvcache); });
+}
+
+fa_status fa_fwd_kvcache(const fa_kvcache_args* args, void* workspace, size_t workspace_bytes) {
+  return guarded(
+      [&] { return run<fa_kvcache_args, KvCacheParams>(args, workspace, workspace_bytes, validate_kvcache); });
 }
 
 void fa_set_allocator(fa_alloc_fn alloc, fa_free_fn free_fn, void* user) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "common/kvcache_params.hpp"
 #include "common/params.hpp"
 
 namespace flashattn {
@@ -13,6 +14,8 @@ size_t fwd_workspace_bytes(const FwdParams& params);
 fa_status fwd(const FwdParams& params, void* workspace);
 size_t bwd_workspace_bytes(const BwdParams& params);
 fa_status bwd(const BwdParams& params, void* workspace);
+size_t fwd_kvcache_workspace_bytes(const KvCacheParams& params);
+fa_status fwd_kvcache(const KvCacheParams& params, void* workspace);
 }  // namespace cpu
 
 #if defined(FLASHATTN_WITH_CUDA)
@@ -23,6 +26,9 @@ size_t fwd_workspace_bytes(const FwdParams& params);
 fa_status fwd(const FwdParams& params, void* workspace);
 size_t bwd_workspace_bytes(const BwdParams& params);
 fa_status bwd(const BwdParams& params, void* workspace);
+fa_status check_kvcache_supported(const KvCacheParams& params);
+size_t fwd_kvcache_workspace_bytes(const KvCacheParams& params);
+fa_status fwd_kvcache(const KvCacheParams& params, void* workspace);
 void* device_alloc(size_t bytes, int device_index);
 void device_free(void* ptr, int device_index);
 }  // namespace cuda

@@ -11,18 +11,7 @@
 #include "common/error.hpp"
 
 namespace flashattn {
-namespace {
-
-// A C caller may store any int in an enum field; reading such a value through
-// the C++ enum type is undefined, so enums are read as their raw int32 until
-// they have been checked.
-template <typename Enum>
-int32_t raw(const Enum& value) {
-  static_assert(sizeof(Enum) == sizeof(int32_t), "C enums are int sized");
-  int32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
+namespace validation {
 
 std::string dtype_name(int32_t dtype) {
   switch (dtype) {
@@ -298,7 +287,9 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   return FA_OK;
 }
 
-}  // namespace
+}  // namespace validation
+
+using namespace validation;
 
 fa_status validate_fwd(const fa_fwd_args* args, FwdParams& params) {
   if (args == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "args: expected a non-null fa_fwd_args, got NULL");

@@ -185,6 +185,63 @@ FA_API const char* fa_version(void);
 FA_API int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads,
                                int64_t i, int64_t j, float p);
 
+
+/* ------------------------------------------------------------------------
+ * Attention against a KV cache (decode and chunked prefill), flash-attn's
+ * flash_attn_with_kvcache.
+ *
+ * Shapes (B = batch of q)
+ *   q          (B, Sq, H, D)
+ *   k_cache    (B_cache, S_cache, Hkv, D)   v_cache (B_cache, S_cache, Hkv, Dv)      contiguous cache
+ *              (num_blocks, page_size, Hkv, D) / (num_blocks, page_size, Hkv, Dv)    paged cache
+ *   block_table  int32 (B, max_blocks): page of cache position p of row b is
+ *              block_table[b][p / page_size], row p % page_size of that page; any page_size >= 1.
+ *   k_new, v_new optional (B, S_new, Hkv, D|Dv), dtype of q: written into the
+ *              cache in place at positions cache_seqlens[b] .. + S_new - 1 before attending.
+ *   cache_seqlens int32 (B): filled length of each cache row (absolute position,
+ *              leftpad included); NULL means the whole capacity is filled
+ *              (required with k_new). Capacity = S_cache, or max_blocks * page_size.
+ *   cache_batch_idx int32 (B): cache row of batch row b (contiguous cache only; NULL = b).
+ *   cache_leftpad int32 (B): the cache of row b starts at this position (NULL = 0).
+ *   rotary_cos, rotary_sin (S_ro, rotary_dim / 2), dtype of q, S_ro >= capacity,
+ *              rotary_dim even and <= D; needs k_new. k_new row t is rotated at position
+ *              cache_seqlens[b] + t; q row i at cache_seqlens[b] + i when causal or a
+ *              window is set, else at cache_seqlens[b] (flash-attn's convention).
+ *              Interleaved: pairs (2i, 2i+1); otherwise (NeoX) pairs (i, i + rotary_dim/2).
+ *              x' = x0 cos - x1 sin, y' = x0 sin + x1 cos in fp32 (fp64 for fp32 tensors),
+ *              rounded to the dtype; dims >= rotary_dim are copied.
+ *   out        (B, Sq, H, Dv)     lse optional fp32 (B, H, Sq)
+ * Row b attends to keys j = 0 .. N_b - 1, N_b = cache_seqlens[b] - leftpad[b] + S_new,
+ * key j stored at cache position leftpad[b] + j. The mask of fa_options applies with
+ * Sk = N_b (bottom-right: the last query sees the last key). No dropout.
+ * CPU tensors: cache_seqlens, cache_batch_idx, cache_leftpad and block_table are
+ * checked against the cache bounds. CUDA tensors are read by the kernels: rows and
+ * pages outside the cache are skipped there, not reported.
+ * num_splits: split-KV partitions per (row, kv head); 0 lets the backend choose.
+ * On failure neither out, lse nor the cache is written.
+ */
+typedef struct fa_kvcache_args {
+  fa_tensor q;
+  fa_tensor k_cache, v_cache;
+  fa_tensor k_new, v_new;      /* optional */
+  fa_tensor cache_seqlens;     /* optional int32 (B) */
+  fa_tensor cache_batch_idx;   /* optional int32 (B) */
+  fa_tensor cache_leftpad;     /* optional int32 (B) */
+  fa_tensor block_table;       /* optional int32 (B, max_blocks): paged cache */
+  fa_tensor rotary_cos, rotary_sin; /* optional */
+  int32_t rotary_interleaved;  /* nonzero: GPT-J pairs (2i, 2i+1); 0: NeoX halves */
+  fa_tensor alibi_slopes;      /* optional fp32 (H) or (B, H) */
+  fa_tensor out;
+  fa_tensor lse;               /* optional output */
+  int32_t num_splits;          /* 0: heuristic */
+  fa_options opts;             /* dropout_p must be 0 */
+} fa_kvcache_args;
+
+/* Defaults: all optional tensors absent, rotary_interleaved = 1, num_splits = 0, fa_options_init. */
+FA_API void fa_kvcache_args_init(fa_kvcache_args* args);
+FA_API fa_status fa_fwd_kvcache_workspace_size(const fa_kvcache_args* args, size_t* bytes);
+FA_API fa_status fa_fwd_kvcache(const fa_kvcache_args* args, void* workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

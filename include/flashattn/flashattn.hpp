@@ -50,6 +50,10 @@ struct BwdArgs : fa_bwd_args {
   BwdArgs() { fa_bwd_args_init(this); }
 };
 
+struct KvCacheArgs : fa_kvcache_args {
+  KvCacheArgs() { fa_kvcache_args_init(this); }
+};
+
 inline size_t fwd_workspace_size(const fa_fwd_args& args) {
   size_t bytes = 0;
   check(fa_fwd_workspace_size(&args, &bytes));
@@ -65,6 +69,17 @@ inline size_t bwd_workspace_size(const fa_bwd_args& args) {
 // workspace == nullptr: the library allocates through fa_set_allocator's allocator.
 inline void fwd(const fa_fwd_args& args, void* workspace = nullptr, size_t workspace_bytes = 0) {
   check(fa_fwd(&args, workspace, workspace_bytes));
+}
+
+inline size_t fwd_kvcache_workspace_size(const fa_kvcache_args& args) {
+  size_t bytes = 0;
+  check(fa_fwd_kvcache_workspace_size(&args, &bytes));
+  return bytes;
+}
+
+// Appends k_new / v_new into the cache (when given) and attends; see flashattn.h.
+inline void fwd_kvcache(const fa_kvcache_args& args, void* workspace = nullptr, size_t workspace_bytes = 0) {
+  check(fa_fwd_kvcache(&args, workspace, workspace_bytes));
 }
 
 inline void bwd(const fa_bwd_args& args, void* workspace = nullptr, size_t workspace_bytes = 0) {

@@ -1,6 +1,6 @@
 """flashattn: exact attention with the FlashAttention-2 algorithm (CPU and CUDA backends).
 
-Drop-in for flash-attn 2.x (`import flashattn as flash_attn`) and for torch's
+Drop-in for flash-attn 2.x (`import flashattn as flash_attn`, `flash_attn_with_kvcache` included) and for torch's
 `scaled_dot_product_attention`; torch.library custom ops with autograd and fake kernels
 (`torch.ops.flashattn.fwd`, `.bwd`, `.fwd_varlen`, `.bwd_varlen`); `memory_plan` to size a batch.
 The compiled core, `flashattn._C`, takes DLPack tensors and does not link libtorch.
@@ -34,6 +34,7 @@ else:
         flash_attn_varlen_kvpacked_func,
         flash_attn_varlen_qkvpacked_func,
     )
+    from .kvcache import flash_attn_with_kvcache  # noqa: F401
     from .memory import MemoryPlan, memory_plan  # noqa: F401
     from .sdpa import scaled_dot_product_attention  # noqa: F401
     from .distributed import ring_attention  # noqa: F401

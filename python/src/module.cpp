@@ -197,6 +197,40 @@ size_t bwd(Array dout, Array q, Array k, Array v, Array out, Array lse, Array dq
       [](const void* a, void* w, size_t n) { return fa_bwd(static_cast<const fa_bwd_args*>(a), w, n); }, &args);
 }
 
+// Attention against a KV cache; k_cache and v_cache are written in place when k_new is given.
+size_t fwd_kvcache(Array q, Array k_cache, Array v_cache, OptArray k_new, OptArray v_new, OptArray cache_seqlens,
+                   OptArray cache_batch_idx, OptArray cache_leftpad, OptArray block_table, OptArray rotary_cos,
+                   OptArray rotary_sin, bool rotary_interleaved, OptArray alibi_slopes, Array out, OptArray lse,
+                   float softmax_scale, bool causal, int window_left, int window_right, float softcap,
+                   int num_splits, int num_threads, uintptr_t stream, OptArray workspace, bool query) {
+  fa_kvcache_args args;
+  fa_kvcache_args_init(&args);
+  args.q = view("q", q);
+  args.k_cache = view("k_cache", k_cache);
+  args.v_cache = view("v_cache", v_cache);
+  args.k_new = view("k", k_new);
+  args.v_new = view("v", v_new);
+  args.cache_seqlens = view("cache_seqlens", cache_seqlens);
+  args.cache_batch_idx = view("cache_batch_idx", cache_batch_idx);
+  args.cache_leftpad = view("cache_leftpad", cache_leftpad);
+  args.block_table = view("block_table", block_table);
+  args.rotary_cos = view("rotary_cos", rotary_cos);
+  args.rotary_sin = view("rotary_sin", rotary_sin);
+  args.rotary_interleaved = rotary_interleaved ? 1 : 0;
+  args.alibi_slopes = view("alibi_slopes", alibi_slopes);
+  args.out = view("out", out);
+  args.lse = view("lse", lse);
+  args.num_splits = num_splits;
+  args.opts = make_options(softmax_scale, causal, false, window_left, window_right, softcap, 0.0f, 0, 0, false,
+                           num_threads, stream);
+  size_t needed = 0;
+  check(fa_fwd_kvcache_workspace_size(&args, &needed));
+  return run_workspace(
+      workspace, needed, query,
+      [](const void* a, void* w, size_t n) { return fa_fwd_kvcache(static_cast<const fa_kvcache_args*>(a), w, n); },
+      &args);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -215,6 +249,14 @@ NB_MODULE(_C, m) {
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("num_threads"),
         nb::arg("stream"), nb::arg("workspace").none(), nb::arg("query"),
         "Backward pass (query=True: only return the exact workspace bytes).");
+  m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
+        nb::arg("cache_leftpad").none(), nb::arg("block_table").none(), nb::arg("rotary_cos").none(),
+        nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("alibi_slopes").none(), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("softcap"), nb::arg("num_splits"), nb::arg("num_threads"),
+        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("query"),
+        "Attention against a KV cache, appending k/v in place first (query=True: only the workspace bytes).");
   m.def("dropout_keep", &fa_dropout_keep, nb::arg("seed"), nb::arg("offset"), nb::arg("b"), nb::arg("h"),
         nb::arg("num_heads"), nb::arg("i"), nb::arg("j"), nb::arg("p"),
         "Philox keep decision of the documented dropout mapping: 1 keep, 0 drop.");

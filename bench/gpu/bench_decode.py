@@ -1,0 +1,271 @@
+"""Decode benchmark of fa_fwd_kvcache (split-KV) against a device-to-device copy and torch SDPA.
+
+Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 128k, all in one process:
+  * copy: dst.copy_(src) of 4 GiB; bandwidth = bytes read + bytes written per second (the DRAM roof)
+  * ours: fa_fwd_kvcache on the contiguous cache (B, S, Hkv, D) and on a paged cache of page size 16
+    (pages in a random order); bandwidth = K/V bytes read per second
+  * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
+Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
+of reps. Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
+reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
+append + rotary.
+
+usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from fa_ctypes import FaOptions, FaTensor, FlashAttn  # noqa: E402
+
+GIB = 1 << 30
+L2_BYTES = 60 << 20
+
+
+class FaKvcacheArgs(ctypes.Structure):
+    """Mirrors fa_kvcache_args of include/flashattn/flashattn.h."""
+    _fields_ = [
+        ("q", FaTensor), ("k_cache", FaTensor), ("v_cache", FaTensor), ("k_new", FaTensor), ("v_new", FaTensor),
+        ("cache_seqlens", FaTensor), ("cache_batch_idx", FaTensor), ("cache_leftpad", FaTensor),
+        ("block_table", FaTensor), ("rotary_cos", FaTensor), ("rotary_sin", FaTensor),
+        ("rotary_interleaved", ctypes.c_int32), ("alibi_slopes", FaTensor), ("out", FaTensor), ("lse", FaTensor),
+        ("num_splits", ctypes.c_int32), ("opts", FaOptions),
+    ]
+
+
+class KvCache:
+    def __init__(self, fa):
+        self.fa = fa
+        lib = fa.lib
+        lib.fa_kvcache_args_init.argtypes = [ctypes.POINTER(FaKvcacheArgs)]
+        lib.fa_fwd_kvcache.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.c_void_p, ctypes.c_size_t]
+        lib.fa_fwd_kvcache.restype = ctypes.c_int
+        lib.fa_fwd_kvcache_workspace_size.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.POINTER(ctypes.c_size_t)]
+        lib.fa_fwd_kvcache_workspace_size.restype = ctypes.c_int
+
+    def call(self, q, k_cache, v_cache, out, cache_seqlens, block_table=None, num_splits=0, k_new=None, v_new=None,
+             cos=None, sin=None, causal=True):
+        """Returns a closure that runs the call with a workspace allocated once."""
+        t = self.fa.tensor
+        args = FaKvcacheArgs()
+        self.fa.lib.fa_kvcache_args_init(ctypes.byref(args))
+        args.q, args.k_cache, args.v_cache, args.out = t(q), t(k_cache), t(v_cache), t(out)
+        args.cache_seqlens, args.block_table = t(cache_seqlens), t(block_table)
+        args.k_new, args.v_new, args.rotary_cos, args.rotary_sin = t(k_new), t(v_new), t(cos), t(sin)
+        args.num_splits = num_splits
+        args.opts.causal = 1 if causal else 0
+        args.opts.stream = torch.cuda.current_stream().cuda_stream
+        size = ctypes.c_size_t(0)
+        self._check(self.fa.lib.fa_fwd_kvcache_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+        ws = torch.empty(max(size.value, 1), dtype=torch.uint8, device=q.device)
+
+        def run():
+            args.opts.stream = torch.cuda.current_stream().cuda_stream
+            self._check(self.fa.lib.fa_fwd_kvcache(ctypes.byref(args), ws.data_ptr(), size.value))
+        return run
+
+    def _check(self, status):
+        if status != 0:
+            raise RuntimeError(f"fa_fwd_kvcache failed ({status}): {self.fa.lib.fa_last_error().decode()}")
+
+
+def eager_time_ms(fns, reps=5):
+    """Median time of one call, launched from Python (for calls that cannot be captured)."""
+    for fn in fns:
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for fn in fns:
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(fns))
+    return statistics.median(times)
+
+
+def graph_time_ms(fns, reps=5):
+    """Median time of one call: fns (one per cache copy) captured into a CUDA graph, replayed."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for fn in fns:  # warm-up on the capture stream (cuBLAS / cuDNN handles, func attributes)
+            fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for fn in fns:
+                fn()
+    torch.cuda.synchronize()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(fns))
+    return statistics.median(times)
+
+
+def copy_bandwidth():
+    """The best of a few device-to-device copies of 4 GiB (bytes read + written per second)."""
+    best = 0.0
+    for dtype in (torch.uint8, torch.float32, torch.bfloat16):
+        src = torch.empty(4 * GIB // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device="cuda")
+        dst = torch.empty_like(src)
+        for timer in (graph_time_ms, eager_time_ms):
+            ms = timer([lambda: dst.copy_(src)])
+            best = max(best, 2 * 4 * GIB / (ms * 1e-3) / 1e9)
+        del src, dst
+    return best
+
+
+def make_paged(k_cache, v_cache, page):
+    """The same keys in pages of `page` rows, pages shuffled; returns (k_pages, v_pages, block_table)."""
+    b, s, hkv, d = k_cache.shape
+    blocks = s // page
+    order = torch.randperm(b * blocks, device="cuda")
+    k_pages = torch.empty(b * blocks, page, hkv, d, dtype=k_cache.dtype, device="cuda")
+    v_pages = torch.empty_like(k_pages)
+    k_pages[order] = k_cache.view(b * blocks, page, hkv, d)
+    v_pages[order] = v_cache.view(b * blocks, page, hkv, d)
+    return k_pages, v_pages, order.view(b, blocks).to(torch.int32)
+
+
+def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True):
+    kv_bytes = 2 * B * S * Hkv * D * 2
+    copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+    row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies)
+    caches = []
+    for _ in range(copies):
+        k_cache = torch.randn(B, S, Hkv, D, dtype=dtype, device="cuda")
+        v_cache = torch.randn(B, S, Hkv, D, dtype=dtype, device="cuda")
+        q = torch.randn(B, 1, H, D, dtype=dtype, device="cuda")
+        caches.append((q, k_cache, v_cache, torch.empty(B, 1, H, D, dtype=dtype, device="cuda")))
+    seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    row["ours_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
+    q, k_cache, v_cache, out = caches[0]
+    qh, kh, vh = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    if B * S <= 32768:  # a spot check of the timed output against fp32 math on batch row 0
+        ref = F.scaled_dot_product_attention(qh[:1].float(), kh[:1].float().repeat_interleave(H // Hkv, 1),
+                                             vh[:1].float().repeat_interleave(H // Hkv, 1))
+        row["max_abs_err_vs_fp32"] = (out[:1].transpose(1, 2).float() - ref).abs().max().item()
+    if paged:
+        paged_fns = []
+        for q, k, v, o in caches:
+            k_pages, v_pages, table = make_paged(k, v, 16)
+            paged_fns.append(kv.call(q, k_pages, v_pages, o, seqlens, block_table=table))
+        row["paged16_ms"] = graph_time_ms(paged_fns)
+        row["paged16_vs_contig"] = row["paged16_ms"] / row["ours_ms"]
+        del paged_fns, k_pages, v_pages
+    if sdpa:
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                fns = []
+                for q, k, v, _ in caches:
+                    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+                    def fn(qh=qh, kh=kh, vh=vh, backend=backend):
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+                    fns.append(fn)
+                try:
+                    row[f"sdpa_{name}_ms"] = graph_time_ms(fns)
+                except RuntimeError as capture_error:  # not capturable: timed eagerly, and said so
+                    torch.cuda.synchronize()
+                    row[f"sdpa_{name}_ms"] = eager_time_ms(fns)
+                    row[f"sdpa_{name}_timing"] = "eager: " + str(capture_error).splitlines()[0][:100]
+            except Exception as error:  # noqa: BLE001 (a backend that refuses the shape is reported, not fatal)
+                row[f"sdpa_{name}_ms"] = None
+                row[f"sdpa_{name}_error"] = str(error).splitlines()[0][:160]
+            torch.cuda.empty_cache()
+    del caches
+    torch.cuda.empty_cache()
+    return row
+
+
+def split_sweep(kv, B, S, H=32, Hkv=8, D=128):
+    k = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    copies = max(1, math.ceil(4 * L2_BYTES / (2 * k.numel() * 2)))
+    ks = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(copies - 1)]
+    q = torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    result = {}
+    for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128):
+        ms = graph_time_ms([kv.call(q, kc, vc, out, seqlens, num_splits=splits) for kc, vc in ks])
+        result[str(splits)] = ms
+    return result
+
+
+def decode_step_with_append(kv, B=8, S=32768, H=32, Hkv=8, D=128):
+    """One real decode step: append one token with NeoX rotary into a paged (16) cache, then attend."""
+    k_cache = torch.randn(B * S // 16, 16, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(B * S // 16, device="cuda").view(B, S // 16).to(torch.int32)
+    q = torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda")
+    k_new, v_new = torch.randn(B, 1, Hkv, D, dtype=torch.bfloat16, device="cuda"), torch.randn(
+        B, 1, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    angles = torch.arange(S, device="cuda", dtype=torch.float32)[:, None] * 10000.0 ** (
+        -torch.arange(0, D, 2, device="cuda") / D)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    seqlens = torch.full((B,), S - 1, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    fn = kv.call(q, k_cache, v_cache, out, seqlens, block_table=table, k_new=k_new, v_new=v_new, cos=cos, sin=sin)
+    ms = graph_time_ms([fn])
+    return dict(batch=B, cache=S, ms=ms, GBps=2 * B * S * Hkv * D * 2 / (ms * 1e-3) / 1e9)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lib", default=None)
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    kv = KvCache(FlashAttn(args.lib))
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    result["copy_GBps"] = copy_bandwidth()
+    print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for B in (1, 8, 64):
+        for S in (4096, 32768, 131072):
+            if args.quick and B * S > 8 * 32768:
+                continue
+            row = bench_config(kv, B, S)
+            row["ours_vs_copy"] = row["ours_GBps"] / result["copy_GBps"]
+            rows.append(row)
+            sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
+            print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
+                  f"({100 * row['ours_vs_copy']:.0f}% of copy), paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
+                  + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items()), flush=True)
+    result["decode"] = rows
+    result["split_sweep_B1_S32k"] = split_sweep(kv, 1, 32768)
+    result["split_sweep_B8_S4k"] = split_sweep(kv, 8, 4096)
+    print("num_splits sweep B=1 S=32k (ms):", {k: round(v, 4) for k, v in result["split_sweep_B1_S32k"].items()})
+    print("num_splits sweep B=8 S=4k (ms):", {k: round(v, 4) for k, v in result["split_sweep_B8_S4k"].items()})
+    result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
+    print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
+    with open(os.path.join(args.out, "bench_decode.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

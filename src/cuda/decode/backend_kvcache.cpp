@@ -1,0 +1,185 @@
+// The KV-cache entry points of the CUDA backend (src/backend.hpp): what only
+// CUDA knows (dtype, compiled head dims, alignment), the split-KV plan and its
+// exact workspace, and the dispatch to the (dtype, head-dim class) launchers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <type_traits>
+
+#include "backend.hpp"
+#include "cuda/decode/kvcache_launch.hpp"
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_HAS_HEADDIM_<d>, _HAS_FP16, _HAS_BF16
+
+namespace flashattn::cuda {
+namespace {
+
+using decode::KvCachePlan;
+
+constexpr size_t kAlignment = 256;
+constexpr int kMaxSplits = 128;
+
+size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Head-dim classes of the decode kernel: 64, 128, 256 (a 192 build serves D <= 128 only).
+int kvcache_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t needed = std::max(head_dim, head_dim_v);
+  const int classes[] = {
+#if FLASHATTN_CUDA_HAS_HEADDIM_64
+      64,
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_128
+      128,
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_256
+      256,
+#endif
+      0};
+  for (int value : classes)
+    if (value >= needed) return value;
+  return 0;
+}
+
+// Blocks of split_kv_kernel resident per SM: shared memory bounds it (82 KiB at
+// D <= 128, 155 KiB at 256, of 227 KiB on sm_90 and 163 KiB on sm_80).
+int blocks_per_sm(int head_dim_class) { return head_dim_class <= 128 ? 2 : 1; }
+
+// flash-attn's rule: the fewest splits whose wave efficiency (blocks / (waves * slots))
+// is within 85% of the best; no split when B * Hkv * row blocks already fill the GPU.
+// A split gets at least two tiles of keys. Measured on the H200 (dev/kvcache_decode.md):
+// B = 1, 32k keys: 28 splits chosen, 0.214 ms, against 4.2 ms unsplit and 0.174 ms for the
+// best count (32); B = 8, 4k: 4 chosen, the best count.
+int choose_splits(int64_t blocks, int64_t capacity, int slots) {
+  const int64_t max_by_keys = std::max<int64_t>(1, capacity / (2 * decode::kKeysPerTile));
+  const int max_splits = static_cast<int>(std::min<int64_t>({kMaxSplits, max_by_keys, slots}));
+  if (blocks >= int64_t(slots) * 8 / 10 || max_splits <= 1) return 1;
+  double best = 0.0;
+  double efficiency[kMaxSplits + 1] = {};
+  for (int s = 1; s <= max_splits; ++s) {
+    const double waves = double(blocks * s) / slots;
+    efficiency[s] = waves / std::ceil(waves);
+    best = std::max(best, efficiency[s]);
+  }
+  for (int s = 1; s <= max_splits; ++s)
+    if (efficiency[s] >= 0.85 * best) return s;
+  return 1;
+}
+
+fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
+  const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
+  plan->row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + decode::kRowsPerBlock - 1) / decode::kRowsPerBlock));
+  plan->rows_padded = plan->row_blocks * decode::kRowsPerBlock;
+  const int64_t blocks = p.batch * p.heads_kv * plan->row_blocks;
+  const int64_t max_by_keys = std::max<int64_t>(1, (p.capacity + decode::kKeysPerTile - 1) / decode::kKeysPerTile);
+  if (p.num_splits > 0) {
+    plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
+  } else {
+    int sm_count = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
+    const int slots = sm_count * blocks_per_sm(kvcache_head_dim_class(p.head_dim, p.head_dim_v));
+    plan->splits = choose_splits(blocks, p.capacity, slots);
+  }
+  if (plan->splits > 1) {
+    const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
+    plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);
+    plan->lse_partial_bytes = partial_rows * sizeof(float);
+    plan->lse_offset = align_up(plan->o_partial_bytes);
+    plan->total = plan->lse_offset + plan->lse_partial_bytes;
+  }
+  return FA_OK;
+}
+
+fa_status check_aligned(const char* name, const void* data, const TensorLayout& layout, bool present) {
+  if (!present) return FA_OK;
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0 || layout.batch % 8 != 0 || layout.row % 8 != 0 ||
+      layout.head % 8 != 0)
+    return fail(FA_ERROR_UNSUPPORTED,
+                "%s: the CUDA backend expects a 16-byte aligned data pointer and batch/row/head strides that are "
+                "multiples of 8 elements, got pointer %p and strides (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+                name, data, layout.batch, layout.row, layout.head);
+  return FA_OK;
+}
+
+template <class Tag, class Fn>
+fa_status dispatch_head_dim(int head_dim_class, Fn&& fn) {
+#if FLASHATTN_CUDA_HAS_HEADDIM_64
+  if (head_dim_class == 64) return fn(Tag{}, std::integral_constant<int, 64>{});
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_128
+  if (head_dim_class == 128) return fn(Tag{}, std::integral_constant<int, 128>{});
+#endif
+#if FLASHATTN_CUDA_HAS_HEADDIM_256
+  if (head_dim_class == 256) return fn(Tag{}, std::integral_constant<int, 256>{});
+#endif
+  (void)fn;
+  return fail(FA_ERROR_INTERNAL, "kvcache: head-dim class %d: expected a compiled class", head_dim_class);
+}
+
+template <class Fn>
+fa_status dispatch(const KvCacheParams& p, Fn&& fn) {
+  const int head_dim_class = kvcache_head_dim_class(p.head_dim, p.head_dim_v);
+#if FLASHATTN_CUDA_HAS_FP16
+  if (p.dtype == FA_DTYPE_FP16) return dispatch_head_dim<fp16_tag>(head_dim_class, fn);
+#endif
+#if FLASHATTN_CUDA_HAS_BF16
+  if (p.dtype == FA_DTYPE_BF16) return dispatch_head_dim<bf16_tag>(head_dim_class, fn);
+#endif
+  (void)fn;
+  return fail(FA_ERROR_INTERNAL, "kvcache: dtype code %d: expected a compiled dtype", static_cast<int>(p.dtype));
+}
+
+}  // namespace
+
+fa_status check_kvcache_supported(const KvCacheParams& p) {
+  if (p.dtype != FA_DTYPE_FP16 && p.dtype != FA_DTYPE_BF16)
+    return fail(FA_ERROR_UNSUPPORTED, "q: dtype fp32 is not supported on CUDA; expected fp16 or bf16");
+  const bool compiled = (p.dtype == FA_DTYPE_FP16 && FLASHATTN_CUDA_HAS_FP16) ||
+                        (p.dtype == FA_DTYPE_BF16 && FLASHATTN_CUDA_HAS_BF16);
+  if (!compiled)
+    return fail(FA_ERROR_UNSUPPORTED, "q: dtype %s is not compiled into this CUDA build (FLASHATTN_CUDA_DTYPES)",
+                p.dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+  if (kvcache_head_dim_class(p.head_dim, p.head_dim_v) == 0)
+    return fail(FA_ERROR_UNSUPPORTED,
+                "q: head dims D = %" PRId64 ", Dv = %" PRId64
+                " need a decode head-dim class (64, 128, 256) this build did not compile (FLASHATTN_CUDA_HEADDIMS)",
+                p.head_dim, p.head_dim_v);
+  int device_count = 0;
+  const cudaError_t count_status = cudaGetDeviceCount(&device_count);
+  if (count_status != cudaSuccess || p.device_index < 0 || p.device_index >= device_count)
+    return fail(FA_ERROR_BACKEND, "q: expected a CUDA device index in [0, %d), got %d (%s)", device_count,
+                p.device_index, cudaGetErrorString(count_status));
+  int major = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index));
+  if (major < 8)
+    return fail(FA_ERROR_UNSUPPORTED, "q: the CUDA backend needs compute capability 8.0 or newer, device %d has %d.x",
+                p.device_index, major);
+  if (p.capacity > INT32_MAX)
+    return fail(FA_ERROR_UNSUPPORTED, "k_cache: cache capacities beyond 2^31 - 1 positions are not supported on CUDA");
+  FA_TRY(check_aligned("k_cache", p.k_cache, p.k_cache_layout, p.cache_batch > 0));
+  FA_TRY(check_aligned("v_cache", p.v_cache, p.v_cache_layout, p.cache_batch > 0));
+  return FA_OK;
+}
+
+size_t fwd_kvcache_workspace_bytes(const KvCacheParams& p) {
+  KvCachePlan plan;
+  return make_plan(p, &plan) == FA_OK ? plan.total : 0;
+}
+
+fa_status fwd_kvcache(const KvCacheParams& p, void* workspace) {
+  int previous = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&previous));
+  if (previous != p.device_index) FA_CUDA_CHECK(cudaSetDevice(p.device_index));
+  KvCachePlan plan;
+  fa_status status = make_plan(p, &plan);
+  if (status == FA_OK) {
+    status = dispatch(p, [&](auto tag, auto head_dim) {
+      return decode::run_kvcache<decltype(tag), decltype(head_dim)::value>(p, plan, workspace,
+                                                                            static_cast<cudaStream_t>(p.stream));
+    });
+  }
+  if (previous != p.device_index) cudaSetDevice(previous);
+  return status;
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,64 @@
+// Launchers of the KV-cache kernels: append (when k_new is given), split-KV
+// attention, and the combine (when the keys are split). They only enqueue
+// work on the caller's stream.
+#pragma once
+
+#include "cuda/decode/kvcache_kernel.cuh"
+#include "cuda/decode/kvcache_launch.hpp"
+
+namespace flashattn::cuda::decode {
+
+template <typename Tag>
+struct DecodeElementOf;
+template <>
+struct DecodeElementOf<fp16_tag> {
+  using type = __half;
+};
+template <>
+struct DecodeElementOf<bf16_tag> {
+  using type = __nv_bfloat16;
+};
+
+template <typename Tag, int kHeadDim>
+fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
+  using Element = typename DecodeElementOf<Tag>::type;
+  using Traits = DecodeTraits<Element, kHeadDim>;
+  static_assert(Traits::kRows == kRowsPerBlock && Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
+  if (p.seqlen_new > 0 && p.batch > 0) {
+    const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
+    if (blocks > INT32_MAX) return fail(FA_ERROR_UNSUPPORTED, "k_new: more than 2^31 - 1 rows to append");
+    const int threads = static_cast<int>((std::max(p.head_dim, p.head_dim_v) + 31) / 32 * 32);
+    append_kernel<Element><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+    FA_CUDA_CHECK(cudaGetLastError());
+  }
+  if (p.batch == 0 || p.seqlen_q == 0) return FA_OK;
+  const int64_t batch_heads = p.batch * p.heads_kv;
+  if (batch_heads > 65535 || plan.row_blocks > 65535)
+    return fail(FA_ERROR_UNSUPPORTED, "q: B * Hkv = %lld exceeds the grid limit 65535 of the decode kernel",
+                static_cast<long long>(batch_heads));
+  const int smem = static_cast<int>(Traits::smem_bytes());
+  auto kernel = split_kv_kernel<Traits, Element>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  char* base = static_cast<char*>(workspace);
+  float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
+  float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
+  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(batch_heads));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
+  FA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits > 1) {
+    constexpr int kWarps = 4;
+    const int64_t rows = batch_heads * p.seqlen_q * (p.heads / p.heads_kv);
+    const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+    combine_kernel<Element><<<blocks, kWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
+                                                                 plan.rows_padded);
+    FA_CUDA_CHECK(cudaGetLastError());
+  }
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::decode
+
+#define FA_INSTANTIATE_KVCACHE(TAG, HEAD_DIM)                                                          \
+  namespace flashattn::cuda::decode {                                                                  \
+  template fa_status run_kvcache<TAG, HEAD_DIM>(const KvCacheParams&, const KvCachePlan&, void*, cudaStream_t); \
+  }
