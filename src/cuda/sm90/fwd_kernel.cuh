@@ -124,7 +124,11 @@ __device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, 
 }
 
 // kExtras: softcap or ALiBi present (dropout never reaches this kernel).
-template <class Traits, bool kExtras>
+// kSchedule of the consumers: 1 = GEMMs and softmax of a warpgroup in turn;
+// 2 = the softmax of tile j overlaps the P V of tile j - 1; 3 = 2 plus
+// ping-pong: the two warpgroups take turns issuing their GEMMs (named
+// barriers), so one's softmax runs while the other's GEMMs occupy the tensor cores.
+template <class Traits, bool kExtras, int kSchedule>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   using T = typename Traits::T;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -214,17 +218,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   wait_barrier(&bars->q_full, 0);
 
-  int it = 0;
-  auto step = [&](int n_block, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
-    const int stage = it & 1;
-    const uint32_t parity = (it >> 1) & 1;
-    const int n0 = n_block * kBlockN;
-    ++it;
-
-    float acc_s[kBlockN / 2];  // (64, kBlockN): S of this warpgroup
-    wait_barrier(&bars->k_full[stage], parity);
-    wgmma_fence();
+  // The pieces of one key tile. S = Q K^T of stage `stage` into acc_s (issued, not waited).
+  auto issue_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
       const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
@@ -233,10 +228,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       WgmmaSS<T, kBlockN>::run(acc_s, desc_q, desc_k, k > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_s);
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->k_empty[stage]);
-
+  };
+  uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
+  // O += P V of stage `stage` (issued, not waited).
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) {
+        // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
+        // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
+        const uint32_t address =
+            sV_addr + stage * Traits::kKVBytes + kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
+        WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_mn_major(address, kBlockN * 128), 1);
+      }
+    }
+    wgmma_commit();
+  };
+  // Score transform, mask and online softmax of one tile: acc_s becomes P
+  // (fp32, relative to the new row_max); returns each row's correction
+  // exp2((old max - new max) * log2_scale) for O, which the caller applies
+  // once no P V is in flight.
+  auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t i = m0 + row_in_tile + 8 * r;
@@ -248,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           const int64_t j = n0 + ni * 8 + 2 * t + c;
           float& s = acc_s[ni * 4 + r * 2 + c];
           if constexpr (kExtras) s = transform.apply(s, mask, i, j);
-          if constexpr (kMasked) {
+          if (masked) {
             const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
             if (!visible) s = -INFINITY;
           }
@@ -260,17 +273,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       const float new_max = fmaxf(row_max[r], tile_max);
       // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
       const float offset = new_max == -INFINITY ? 0.0f : new_max * log2_scale;
-      const float correction = exp2_approx(row_max[r] * log2_scale - offset);
+      correction[r] = exp2_approx(row_max[r] * log2_scale - offset);
       row_max[r] = new_max;
-      row_sum[r] *= correction;
-      row_error[r] *= correction;
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c)
-#pragma unroll
-        for (int nj = 0; nj < kNO / 8; ++nj) {
-          acc_o[c][nj * 4 + r * 2] *= correction;
-          acc_o[c][nj * 4 + r * 2 + 1] *= correction;
-        }
+      row_sum[r] *= correction[r];
+      row_error[r] *= correction[r];
       float sum = 0.0f;
 #pragma unroll
       for (int ni = 0; ni < kNTilesS; ++ni) {
@@ -285,10 +291,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       row_error[r] = (total - row_sum[r]) - addend;
       row_sum[r] = total;
     }
-
-    // P as A fragments: k-step kk covers keys [16 kk, 16 kk + 16), i.e. the n8
-    // groups 2 kk and 2 kk + 1 of the accumulator.
-    uint32_t a_p[kBlockN / 16][4];
+  };
+  auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int c = 0; c < kOChunks; ++c)
+#pragma unroll
+      for (int nj = 0; nj < kNO / 8; ++nj)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          acc_o[c][nj * 4 + r * 2] *= correction[r];
+          acc_o[c][nj * 4 + r * 2 + 1] *= correction[r];
+        }
+  };
+  // P as A fragments: k-step kk covers keys [16 kk, 16 kk + 16), i.e. the n8
+  // groups 2 kk and 2 kk + 1 of the accumulator.
+  auto convert_p = [&](const float (&acc_s)[kBlockN / 2]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       a_p[kk][0] = Pack2<T>::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
@@ -296,25 +313,93 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       a_p[kk][2] = Pack2<T>::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
       a_p[kk][3] = Pack2<T>::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
     }
+  };
+  auto release = [&](uint64_t* barrier) {
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(barrier);
+  };
 
-    wait_barrier(&bars->v_full[stage], parity);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) {
-        // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
-        // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
-        const uint32_t address =
-            sV_addr + stage * Traits::kKVBytes + kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
-        WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_mn_major(address, kBlockN * 128), 1);
-      }
+  int it = 0;
+  constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
+  // Ping-pong turns: warpgroup wg waits on barrier 3 + wg, then lets the other
+  // one go (arrive on 4 - wg). The second warpgroup opens the first turn and
+  // skips its last arrive, so every barrier sees as many arrivals as waits.
+  auto turn_begin = [&] {
+    if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+  };
+  auto turn_end = [&](bool last) {
+    if (kPingPong && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
+  };
+  if (kPingPong && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+  int pv_stage = 0;  // kOverlap: stage of the V tile whose P waits in a_p
+  uint32_t pv_parity = 0;
+  auto step = [&](int n_block, auto masked) {
+    const int stage = it & 1;
+    const uint32_t parity = (it >> 1) & 1;
+    ++it;
+    float acc_s[kBlockN / 2];  // (64, kBlockN): S of this warpgroup
+    float correction[2];
+    wait_barrier(&bars->k_full[stage], parity);
+    if (kOverlap) {
+      wait_barrier(&bars->v_full[pv_stage], pv_parity);
+      turn_begin();
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_fence();
+    issue_s(acc_s, stage);
+    if (!kOverlap) {
+      // v1: every wgmma waited for at once; softmax and GEMMs of a warpgroup alternate.
+      wgmma_wait<0>();
+      fence_registers(acc_s);
+      release(&bars->k_empty[stage]);
+      softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
+      rescale_o(correction);
+      convert_p(acc_s);
+      wait_barrier(&bars->v_full[stage], parity);
+      wgmma_fence();
+      issue_pv(stage);
+      wgmma_wait<0>();
 #pragma unroll
-    for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->v_empty[stage]);
+      for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+      release(&bars->v_empty[stage]);
+    } else {
+      // v2: O += P(j-1) V(j-1) runs on the tensor cores while the softmax of
+      // S(j) runs on the ALUs; O is rescaled once that P V has landed. The
+      // first tile (no P V before it) is peeled off below: a branch here
+      // makes ptxas serialize the wgmmas (C7515).
+      issue_pv(pv_stage);
+      turn_end(false);
+      wgmma_wait<1>();
+      fence_registers(acc_s);
+      release(&bars->k_empty[stage]);
+      softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) fence_registers(a_p[kk]);
+      release(&bars->v_empty[pv_stage]);
+      rescale_o(correction);
+      convert_p(acc_s);
+      pv_stage = stage;
+      pv_parity = parity;
+    }
+  };
+  // v2's first tile: S and softmax only (O is still zero, nothing to rescale).
+  auto first_step = [&](int n_block, auto masked) {
+    float acc_s[kBlockN / 2];
+    float correction[2];
+    wait_barrier(&bars->k_full[0], 0);
+    turn_begin();
+    wgmma_fence();
+    issue_s(acc_s, 0);
+    turn_end(false);
+    wgmma_wait<0>();
+    fence_registers(acc_s);
+    release(&bars->k_empty[0]);
+    softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
+    convert_p(acc_s);
+    pv_stage = 0;
+    pv_parity = 0;
+    it = 1;
   };
 
   // Trip counts of the masking policy, as in the sm80 kernel: masked tiles at
@@ -324,9 +409,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
   };
   int n_block = n_block_max - 1;
+  if (kOverlap) {
+    if (visible_tile(n_block))
+      first_step(n_block, std::false_type{});
+    else
+      first_step(n_block, std::true_type{});
+    --n_block;
+  }
   for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
   for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
   for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
+  if constexpr (kOverlap) {  // the last tile's P V
+    wait_barrier(&bars->v_full[pv_stage], pv_parity);
+    turn_begin();
+    wgmma_fence();
+    issue_pv(pv_stage);
+    turn_end(true);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+    release(&bars->v_empty[pv_stage]);
+  }
 
   // Epilogue: 1 / row_sum, LSE, O into this warpgroup's own rows of sQ (its
   // last wgmma read of Q is complete), then 16-byte coalesced stores of the

@@ -6,6 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <type_traits>
+
 #include "cuda/launch.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
@@ -22,6 +25,10 @@ template <>
 struct Sm90Element<bf16_tag> {
   using type = __nv_bfloat16;
 };
+
+// The default consumer schedule (sm90::fwd_kernel's kSchedule): 1, 2 or 3;
+// docs/sm90_tuning.md has what each measured.
+constexpr int kDefaultSchedule = 1;
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
@@ -42,7 +49,18 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   FA_TRY(encode_tensor_map(&args.tma_v, params.dtype, params.v, params.head_dim_v, rows_k, params.heads_kv, batch,
                            params.v_layout, Traits::kBlockN));
   const bool extras = params.softcap > 0.0f || params.alibi_slopes != nullptr;
-  auto kernel = extras ? sm90::fwd_kernel<Traits, true> : sm90::fwd_kernel<Traits, false>;
+  // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process).
+  const char* schedule_name = std::getenv("FLASHATTN_SM90_SCHEDULE");
+  int schedule = kDefaultSchedule;
+  if (schedule_name != nullptr && schedule_name[0] == 'v' && schedule_name[1] >= '1' && schedule_name[1] <= '3')
+    schedule = schedule_name[1] - '0';
+  auto pick = [&](auto extras_tag) {
+    constexpr bool kExtras = decltype(extras_tag)::value;
+    return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1>
+           : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2>
+                           : sm90::fwd_kernel<Traits, kExtras, 3>;
+  };
+  auto kernel = extras ? pick(std::true_type{}) : pick(std::false_type{});
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   FA_CUDA_CHECK(cudaGetLastError());
