@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the Hopper forward (src/cuda/sm90/), in the
 # order that matters most when device time is short: (build), ptxas/SASS
-# report, forward tests through the sm90 path (schedules v1, v2, v3; a hang is
+# report, TMA/wgmma primitives alone, forward tests through the sm90 path (schedules v1, v2, v3; a hang is
 # killed by its timeout), forward benchmark against torch FA2 and cuDNN, the
 # rest of the GPU suite, compute-sanitizer subset. Logs go to $OUT.
 #
@@ -10,13 +10,14 @@
 # FA_PREBUILT=DIR: use DIR/libflashattn.so and DIR/tests/gpu/test_gpu built
 # elsewhere (cmake -DFLASHATTN_CUDA_GENCODE=-gencode=arch=compute_90a,code=sm_90a
 # -DFLASHATTN_CUDA_HEADDIMS="64;128;256" -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON, then
-# `ninja flashattn test_gpu 2>&1 | tee DIR/build.log`) and skip the build.
-# FA_STAGES="build sass smoke bench test sanitize"; FA_BENCH_ARGS.
+# `ninja flashattn test_gpu test_gpu_sm90 2>&1 | tee DIR/build.log`) and skip the build.
+# FA_STAGES="build sass primitives smoke bench test sanitize"; FA_BENCH_ARGS; FA_SMOKE_TIMEOUT;
+# FA_SMOKE_SCHEDULES (default "v2 v3"); FA_BENCH_SCHEDULES (default: those whose smoke passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fa_out}
 mkdir -p "$OUT"
-STAGES=${FA_STAGES:-"build sass smoke bench test sanitize"}
+STAGES=${FA_STAGES:-"build sass primitives smoke bench test sanitize"}
 JOBS=$(nproc)
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -50,7 +51,7 @@ if has_stage build && [ -z "${FA_PREBUILT:-}" ]; then
     "-DFLASHATTN_CUDA_GENCODE=-gencode=arch=compute_90a,code=sm_90a" "${GTEST_ARGS[@]}" \
     >>"$BUILD_LOG" 2>&1 || { note "cmake FAILED"; tail -30 "$BUILD_LOG"; exit 1; }
   start=$(date +%s)
-  timeout "${FA_BUILD_TIMEOUT:-150}" ninja -C build -j "$JOBS" flashattn test_gpu >>"$BUILD_LOG" 2>&1 ||
+  timeout "${FA_BUILD_TIMEOUT:-150}" ninja -C build -j "$JOBS" flashattn test_gpu test_gpu_sm90 >>"$BUILD_LOG" 2>&1 ||
     { note "build FAILED"; grep -m20 -A5 "error" "$BUILD_LOG"; exit 1; }
   note "== build (sm80 64;128;256 + sm90 64;128;256, both dtypes, sm_90a, -j$JOBS): $(( $(date +%s) - start )) s"
 fi
@@ -67,6 +68,12 @@ if has_stage sass; then
   tee -a "$SUMMARY" </tmp/sm90_sass.txt
 fi
 
+if has_stage primitives; then  # TMA and wgmma building blocks alone (tests/gpu/test_gpu_sm90_primitives.cu)
+  timeout 30 "$BUILD/tests/gpu/test_gpu_sm90" >/tmp/primitives.log 2>&1
+  note "== sm90 primitives: exit $?, $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|SKIPPED \] [0-9]' /tmp/primitives.log | tr '\n' ' ')"
+  grep -E "Failure|got|Expected|Which is|error|tile \(" /tmp/primitives.log | head -20 | tee -a "$SUMMARY"
+fi
+
 smoke_ok=1
 run_tests() {  # name, filter, timeout, extra env
   local name=$1 filter=$2 limit=$3
@@ -81,16 +88,17 @@ run_tests() {  # name, filter, timeout, extra env
   return $status
 }
 if has_stage smoke; then
-  run_tests fwd_v1 'Cases/GpuForward.*:GpuKernelPath.*:GpuGraph.*:GpuDropout.*:GpuBadInput.*' 45
+  run_tests fwd_v1 'Cases/GpuForward.*:GpuKernelPath.*:GpuGraph.*:GpuDropout.*:GpuBadInput.*' \
+    "${FA_SMOKE_TIMEOUT:-45}"
   status=$?
   [ $status -eq 124 ] || [ $status -ge 128 ] && smoke_ok=0  # a hang or crash: the benchmark would not finish
   # Other consumer schedules: benchmarked only where their forward tests passed.
   BENCH_SCHEDULES=""
-  for schedule in v2 v3; do
+  for schedule in ${FA_SMOKE_SCHEDULES-v2 v3}; do
     run_tests "fwd_$schedule" 'Cases/GpuForward.*' 20 FLASHATTN_SM90_SCHEDULE=$schedule &&
       BENCH_SCHEDULES="$BENCH_SCHEDULES $schedule"
   done
-  export FA_BENCH_SCHEDULES=$BENCH_SCHEDULES
+  export FA_BENCH_SCHEDULES=${FA_BENCH_SCHEDULES-$BENCH_SCHEDULES}
 fi
 
 if has_stage bench && [ $smoke_ok -eq 1 ]; then
@@ -100,7 +108,7 @@ if has_stage bench && [ $smoke_ok -eq 1 ]; then
     python3 bench/gpu/bench_gpu.py --out /tmp/bench_out --fwd-only ${FA_BENCH_ARGS:-} \
     >"$OUT/bench_fwd_table.txt" 2>/tmp/bench_stderr.log
   note "== benchmark exit $?"
-  cp /tmp/bench_out/bench_gpu_fwd.json "$OUT/" 2>/dev/null || tail -20 /tmp/bench_out/bench_gpu.log >>"$SUMMARY"
+  cp /tmp/bench_out/bench_gpu_fwd.json "$OUT/" 2>/dev/null || cp /tmp/bench_out/bench_gpu.log "$OUT/"
   tail -3 /tmp/bench_stderr.log >>"$SUMMARY"
 fi
 

@@ -5,6 +5,7 @@
 // test_gpu_attention.cpp then check the numbers of whichever path this is.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <string>

@@ -84,7 +84,7 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 
 // Byte offset of element (row, col) in a tile of column blocks: block col / 64
 // is (rows, 64) with the TMA's 128-byte swizzle.
-__device__ __forceinline__ int swizzled_offset(int rows, int row, int col) {
+FA_HOST_DEVICE int swizzled_offset(int rows, int row, int col) {
   const int chunk = (col & 63) >> 3;
   return (col >> 6) * rows * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + (col & 7) * 2;
 }
