@@ -295,6 +295,23 @@ int32_t fa_has_cuda(void) {
 
 const char* fa_version(void) { return "0.1.0"; }
 
+const char* fa_fwd_kernel_path(const fa_fwd_args* args) {
+  const char* path = nullptr;
+  const fa_status status = guarded([&] {
+    FwdParams params;
+    FA_TRY(prepare(args, params, validate_fwd));
+#if defined(FLASHATTN_WITH_CUDA)
+    if (args->q.device == FA_DEVICE_CUDA) {
+      path = cuda::fwd_kernel_path(params);
+      return FA_OK;
+    }
+#endif
+    path = "cpu";
+    return FA_OK;
+  });
+  return status == FA_OK ? path : nullptr;
+}
+
 int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads, int64_t i, int64_t j,
                         float p) {
   if (!(p > 0.0f)) return 1;

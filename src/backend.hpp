@@ -24,6 +24,8 @@ namespace cuda {
 fa_status check_supported(const AttnParams& params);
 size_t fwd_workspace_bytes(const FwdParams& params);
 fa_status fwd(const FwdParams& params, void* workspace);
+// "cuda-sm90" or "cuda-sm80": the forward kernel family fwd() runs for params.
+const char* fwd_kernel_path(const FwdParams& params);
 size_t bwd_workspace_bytes(const BwdParams& params);
 fa_status bwd(const BwdParams& params, void* workspace);
 fa_status check_kvcache_supported(const KvCacheParams& params);

@@ -7,8 +7,10 @@ speed, peak extra memory of one fwd+bwd at B=1,H=16,D=128,N=131072 causal bf16, 
 N=262144 checked on sampled rows (2x rule), and the bf16 8192^3 matmul rate.
 
 usage: python3 bench/gpu/bench_gpu.py --out DIR [--quick]
+       python3 bench/gpu/bench_gpu.py --out DIR --fwd-only   (forward: default path, forced sm80, FA2, cuDNN)
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -135,6 +137,84 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                 torch.cuda.empty_cache()
 
 
+def kernel_path(fa, args):
+    fn = fa.lib.fa_fwd_kernel_path
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = [ctypes.c_void_p]
+    path = fn(ctypes.addressof(args))
+    return path.decode() if path else "invalid"
+
+
+# Our forward variants in the benchmark: the default dispatch, other consumer
+# schedules of the sm90 kernel (FA_BENCH_SCHEDULES, e.g. "v2 v3"), and with
+# FA_BENCH_SM80=1 our FA2 (sm80) kernels on the same GPU.
+VARIANTS = {"ours": {}}
+for _schedule in os.environ.get("FA_BENCH_SCHEDULES", "v2").split():
+    VARIANTS["ours_" + _schedule] = {"FLASHATTN_SM90_SCHEDULE": _schedule}
+if os.environ.get("FA_BENCH_SM80", "0") == "1":
+    VARIANTS["ours_sm80"] = {"FLASHATTN_CUDA_FWD": "sm80"}
+
+
+def bench_forward(fa, dtypes, dims, lengths, results, log):
+    """Forward only: our VARIANTS, torch FA2, cuDNN; max |O - O_FA2| of each variant (NaN-poisoned output first)."""
+    for dtype in dtypes:
+        for D in dims:
+            for N in lengths:
+                B, H = 16384 // N, 2048 // D
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(3))
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                for causal in (False, True):
+                    ours = Ours(fa, q, k, v, q, causal)
+                    row = {"dtype": str(dtype).split(".")[-1], "D": D, "N": N, "B": B, "H": H, "causal": causal,
+                           "mode": "fwd", "path": kernel_path(fa, ours.fwd_args)}
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+                        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+                    f = flops(B, H, N, D, causal, "fwd")
+                    for name, env in VARIANTS.items():  # our variants, chosen per call by environment variables
+                        os.environ.update(env)
+                        ours.out.fill_(float("nan"))
+                        ours.fwd()
+                        row["max_diff_vs_fa2" + name[4:]] = (ours.out.float() - ref.float()).abs().max().item()
+                        row[name] = f / time_ms(ours.fwd) / 1e9
+                        for key in env:
+                            del os.environ[key]
+                    for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        def run(backend=backend):
+                            with sdpa_kernel(backend), torch.no_grad():
+                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        try:
+                            row[name] = f / time_ms(run) / 1e9
+                        except Exception as error:  # a backend that refuses the shape
+                            row[name] = None
+                            log.write(f"{name} {row}: {error}\n")
+                    results.append(row)
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    del ours
+                del q, k, v, qt, kt, vt
+                torch.cuda.empty_cache()
+
+
+def print_forward(summary, results):
+    mm = summary["matmul_bf16_8192_tflops"]
+    print(f"GPU {summary['gpu']}, torch {summary['torch']}, cuDNN {summary['cudnn']}; "
+          f"bf16 8192^3 matmul {mm:.0f} TFLOP/s")
+    print("forward TFLOP/s (16k tokens, H*D = 2048): ours = default dispatch (path), sm80 = ours forced to FA2 path")
+    names = list(VARIANTS)
+    print("dtype D N causal | path | " + " ".join(n[5:] or "ours" for n in names) + " fa2 cudnn | "
+          "best/cudnn best/fa2 best/matmul | maxdiff O vs FA2 per variant")
+    for r in results:
+        best = max(r[n] for n in names if n != "ours_sm80")
+
+        def ratio(other):
+            return f"{best / r[other]:.2f}" if r.get(other) else "-"
+        diffs = " ".join(f"{r['max_diff_vs_fa2' + n[4:]]:.1e}" for n in names)
+        print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} | {r['path']} | "
+              + " ".join(fmt(r[n]) for n in names) + f" {fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio('cudnn')} "
+              f"{ratio('fa2')} {best / mm:.2f} | {diffs}")
+
+
 def peak_memory(fa, N=131072, H=16, D=128):
     torch.cuda.empty_cache()
     q, k, v, dout = (torch.randn(1, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -220,6 +300,8 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--label", default="ours", help="name of this library in the table")
+    parser.add_argument("--fwd-only", action="store_true",
+                        help="forward table only, N = 1k, 4k, 8k, 16k: ours (and forced sm80) vs FA2 vs cuDNN")
     args = parser.parse_args()
     fa = FlashAttn()
     assert fa.lib.fa_has_cuda() == 1, "libflashattn.so was built without CUDA"
@@ -230,6 +312,13 @@ def main():
     summary["matmul_bf16_8192_tflops"] = matmul_rate()
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes.split(",")]
     dims = [int(d) for d in args.dims.split(",")]
+    if args.fwd_only:
+        bench_forward(fa, dtypes, dims, [1024, 4096, 8192, 16384], results, log)
+        summary["results"] = results
+        with open(os.path.join(args.out, "bench_gpu_fwd.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print_forward(summary, results)
+        return
     if args.quick:
         bench_grid(fa, [torch.bfloat16], [128], [4096], results, log)
     else:

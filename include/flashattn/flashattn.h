@@ -180,6 +180,13 @@ FA_API const char* fa_status_string(fa_status status);
 FA_API int32_t fa_has_cuda(void);
 FA_API const char* fa_version(void);
 
+/* The forward kernel family fa_fwd would run for these arguments: "cpu",
+ * "cuda-sm80" (FlashAttention-2, mma.sync) or "cuda-sm90" (Hopper: TMA, wgmma,
+ * warp specialization; compute capability 9.0, everything but dropout).
+ * NULL when the arguments are invalid (fa_last_error() says why). Setting the
+ * environment variable FLASHATTN_CUDA_FWD=sm80 forces the sm80 family. */
+FA_API const char* fa_fwd_kernel_path(const fa_fwd_args* args);
+
 /* Philox keep decision of the documented dropout mapping (for tests and
  * other implementations): 1 keep, 0 drop. */
 FA_API int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads,

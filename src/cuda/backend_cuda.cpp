@@ -4,11 +4,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/sm90/tensor_map.hpp"
 #include "cuda/tile_config.hpp"
 #include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_HAS_HEADDIM_<d>, _HAS_FP16, _HAS_BF16
 
@@ -103,7 +107,70 @@ fa_status check_operand(const char* name, const void* data, const TensorLayout& 
   return FA_OK;
 }
 
+// Head-dim class of the sm90 forward for D, Dv (64, 128, 256; 192 runs as
+// 256), or 0 when that class is not compiled.
+int sm90_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t needed = std::max(head_dim, head_dim_v);
+  if (needed <= 64 && FLASHATTN_CUDA_HAS_SM90_HEADDIM_64) return 64;
+  if (needed <= 128 && FLASHATTN_CUDA_HAS_SM90_HEADDIM_128) return 128;
+  if (needed <= 256 && FLASHATTN_CUDA_HAS_SM90_HEADDIM_256) return 256;
+  return 0;
+}
+
+template <class Fn>
+fa_status dispatch_sm90_head_dim(int head_dim_class_value, Fn&& fn) {
+  switch (head_dim_class_value) {
+#if FLASHATTN_CUDA_HAS_SM90_HEADDIM_64
+    case 64: return fn(std::integral_constant<int, 64>{});
+#endif
+#if FLASHATTN_CUDA_HAS_SM90_HEADDIM_128
+    case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+#if FLASHATTN_CUDA_HAS_SM90_HEADDIM_256
+    case 256: return fn(std::integral_constant<int, 256>{});
+#endif
+    default: break;
+  }
+  return fail(FA_ERROR_INTERNAL, "sm90 head-dim class %d: expected a compiled class", head_dim_class_value);
+}
+
+// Compute capability major * 10 + minor of a device, cached (a call costs microseconds).
+int compute_capability(int device_index) {
+  static std::atomic<int> cached[64];
+  if (device_index < 0 || device_index >= 64) return 0;
+  int value = cached[device_index].load(std::memory_order_relaxed);
+  if (value == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) != cudaSuccess)
+      return 0;
+    value = major * 10 + minor;
+    cached[device_index].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+// The Hopper forward serves compute capability 9.0 (sm_90a code runs nowhere
+// else) for everything but dropout, when its head-dim class is compiled and
+// TMA can describe the operands. FLASHATTN_CUDA_FWD=sm80 forces the FA2 path
+// (A/B benchmarks in one process).
+bool use_sm90_forward(const FwdParams& params) {
+  const char* forced = std::getenv("FLASHATTN_CUDA_FWD");
+  if (forced != nullptr && std::strcmp(forced, "sm80") == 0) return false;
+  if (params.dropout.enabled || params.total_q == 0 || params.total_k == 0) return false;
+  if (sm90_head_dim_class(params.head_dim, params.head_dim_v) == 0) return false;
+  if (compute_capability(params.device_index) != 90) return false;
+  const int64_t batch = params.is_varlen ? 1 : params.batch;
+  return tma_describable(params.q, params.q_layout, params.heads, batch) &&
+         tma_describable(params.k, params.k_layout, params.heads_kv, batch) &&
+         tma_describable(params.v, params.v_layout, params.heads_kv, batch);
+}
+
 }  // namespace
+
+const char* fwd_kernel_path(const FwdParams& params) {
+  return use_sm90_forward(params) ? "cuda-sm90" : "cuda-sm80";
+}
 
 int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   const int64_t needed = std::max(head_dim, head_dim_v);
@@ -182,6 +249,14 @@ fa_status fwd(const FwdParams& params, void*) {
   DeviceGuard guard(params.device_index);
   FA_CUDA_CHECK(guard.status());
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
+  if (use_sm90_forward(params))
+    return dispatch_dtype(params.dtype, [&](auto tag) {
+      return dispatch_sm90_head_dim(sm90_head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
+        return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
+          return run_fwd_sm90<decltype(tag), decltype(head_dim)::value, decltype(diagonal)::value>(params, stream);
+        });
+      });
+    });
   return dispatch_dtype(params.dtype, [&](auto tag) {
     return dispatch_head_dim(head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
       return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {

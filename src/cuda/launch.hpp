@@ -38,6 +38,10 @@ BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class);
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// Hopper forward (sm_90a, src/cuda/sm90/): head-dim classes 64, 128, 256.
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
+
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
 

@@ -1,0 +1,74 @@
+// Launcher of the sm90 forward, instantiated once per (dtype, head-dim class,
+// diagonal mask) by the generated translation units (sm_90a only). It encodes
+// the tensor maps on the host and enqueues one kernel: no allocation, no sync.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <type_traits>
+
+#include "cuda/launch.hpp"
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/tensor_map.hpp"
+
+namespace flashattn::cuda {
+
+template <typename Tag>
+struct Sm90Element;
+template <>
+struct Sm90Element<fp16_tag> {
+  using type = __half;
+};
+template <>
+struct Sm90Element<bf16_tag> {
+  using type = __nv_bfloat16;
+};
+
+// The default consumer schedule (sm90::fwd_kernel's kSchedule): 1, 2 or 3;
+// docs/sm90_tuning.md has what each measured.
+constexpr int kDefaultSchedule = 1;
+
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+  using Traits = sm90::FwdTraits<typename Sm90Element<Tag>::type, kHeadDim, kMaskDiagonal>;
+  const dim3 grid(static_cast<unsigned>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                  static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch));
+  if (grid.x == 0 || grid.z == 0) return FA_OK;
+  sm90::FwdKernelArgs args{};
+  args.params = params;
+  // Varlen: one sequence of all rows (cu_seqlens give the row of each tile).
+  const int64_t batch = params.is_varlen ? 1 : params.batch;
+  const int64_t rows_q = params.is_varlen ? params.total_q : params.seqlen_q;
+  const int64_t rows_k = params.is_varlen ? params.total_k : params.seqlen_k;
+  FA_TRY(encode_tensor_map(&args.tma_q, params.dtype, params.q, params.head_dim, rows_q, params.heads, batch,
+                           params.q_layout, Traits::kBlockM));
+  FA_TRY(encode_tensor_map(&args.tma_k, params.dtype, params.k, params.head_dim, rows_k, params.heads_kv, batch,
+                           params.k_layout, Traits::kBlockN));
+  FA_TRY(encode_tensor_map(&args.tma_v, params.dtype, params.v, params.head_dim_v, rows_k, params.heads_kv, batch,
+                           params.v_layout, Traits::kBlockN));
+  const bool extras = params.softcap > 0.0f || params.alibi_slopes != nullptr;
+  // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process).
+  const char* schedule_name = std::getenv("FLASHATTN_SM90_SCHEDULE");
+  int schedule = kDefaultSchedule;
+  if (schedule_name != nullptr && schedule_name[0] == 'v' && schedule_name[1] >= '1' && schedule_name[1] <= '3')
+    schedule = schedule_name[1] - '0';
+  auto pick = [&](auto extras_tag) {
+    constexpr bool kExtras = decltype(extras_tag)::value;
+    return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1>
+           : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2>
+                           : sm90::fwd_kernel<Traits, kExtras, 3>;
+  };
+  auto kernel = extras ? pick(std::true_type{}) : pick(std::false_type{});
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  FA_CUDA_CHECK(cudaGetLastError());
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda
+
+#define FA_INSTANTIATE_FWD_SM90(TAG, HEAD_DIM, MASK_DIAGONAL)                                       \
+  template fa_status flashattn::cuda::run_fwd_sm90<flashattn::cuda::TAG, HEAD_DIM, MASK_DIAGONAL>( \
+      const flashattn::FwdParams&, cudaStream_t);

@@ -1,0 +1,81 @@
+// Which forward kernel family the dispatcher picks (fa_fwd_kernel_path): on
+// compute capability 9.0 with the Hopper kernels built, every case of the
+// shared list runs the sm90 path except dropout (and problems without keys),
+// which fall back to sm80; elsewhere everything runs sm80. The forward tests of
+// test_gpu_attention.cpp then check the numbers of whichever path this is.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "device_problem.hpp"
+#include "support/cases.hpp"
+#include "support/problem.hpp"
+
+#ifndef FA_TEST_SM90_BUILT
+#define FA_TEST_SM90_BUILT 0
+#endif
+
+namespace fatest::gpu {
+namespace {
+
+int compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+}
+
+int64_t total_keys(const Case& c) {
+  if (c.varlen()) return std::accumulate(c.seqlens_k.begin(), c.seqlens_k.end(), int64_t(0));
+  return c.B * c.Sk;
+}
+int64_t total_queries(const Case& c) {
+  if (c.varlen()) return std::accumulate(c.seqlens_q.begin(), c.seqlens_q.end(), int64_t(0));
+  return c.B * c.Sq;
+}
+
+TEST(GpuKernelPath, SharedCasesRunSm90OnHopperDropoutFallsBack) {
+  FA_GPU_TEST_OR_SKIP();
+  const char* forced = std::getenv("FLASHATTN_CUDA_FWD");
+  if (forced != nullptr && std::string(forced) == "sm80") GTEST_SKIP() << "FLASHATTN_CUDA_FWD=sm80 forces the sm80 path";
+  const bool hopper = compute_capability() == 90 && FA_TEST_SM90_BUILT;
+  int sm90 = 0, sm80 = 0, dropout_cases = 0;
+  for (const Case& c : gpu_cases(fast_cases())) {
+    Problem p = make_problem(c);
+    DeviceMirror mirror(p);
+    const fa_fwd_args args = mirror.fwd_args();
+    const char* path = fa_fwd_kernel_path(&args);
+    ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
+    const bool expect_sm90 = hopper && c.dropout == 0.0f && total_keys(c) > 0 && total_queries(c) > 0;
+    EXPECT_STREQ(path, expect_sm90 ? "cuda-sm90" : "cuda-sm80") << c.name;
+    (std::string(path) == "cuda-sm90" ? sm90 : sm80) += 1;
+    dropout_cases += c.dropout > 0.0f;
+  }
+  std::printf("forward kernel path over the shared case list: %d cuda-sm90, %d cuda-sm80 (%d dropout cases)\n", sm90,
+              sm80, dropout_cases);
+  if (hopper) {
+    EXPECT_GT(sm90, 0);
+    EXPECT_GT(dropout_cases, 0) << "the case list should exercise the dropout fallback";
+  }
+}
+
+TEST(GpuKernelPath, CpuTensorsReportCpuAndBadArgumentsNull) {
+  Case c;
+  c.name = "path_cpu";
+  c.dtype = FA_DTYPE_FP32;
+  c.B = 1, c.H = 2, c.Hkv = 1, c.Sq = 5, c.Sk = 7, c.D = 64, c.Dv = 64;
+  Problem p = make_problem(c);
+  const fa_fwd_args args = p.fwd_args();
+  const char* path = fa_fwd_kernel_path(&args);
+  ASSERT_NE(path, nullptr) << fa_last_error();
+  EXPECT_STREQ(path, "cpu");
+  EXPECT_EQ(fa_fwd_kernel_path(nullptr), nullptr);
+  EXPECT_NE(std::string(fa_last_error()).find("args"), std::string::npos) << fa_last_error();
+}
+
+}  // namespace
+}  // namespace fatest::gpu
