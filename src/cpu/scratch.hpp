@@ -12,19 +12,22 @@
 namespace flashattn {
 namespace cpu {
 
-// Packing buffers of the AMX kernel set (bf16 only): A (256 x 256) bf16, B
-// (128 x 256) bf16 pairs plus two pinned B operands of the same size, and a
+// Packing buffers of the AMX kernel sets, per bf16 piece of an operand (1
+// for bf16 tensors, kAmxSplitPieces for fp32): A (256 x 256) bf16, B
+// (128 x 256) bf16 pairs plus two pinned B operands of the same size; and a
 // (256 x 256) fp32 C staging tile: every gemm of the passes has m <= 256 and
-// k, n <= 256. Counted for every bf16 call, AMX or not,
-// so the size depends on the params alone.
+// k, n <= 256. Counted for every bf16 and fp32 call, AMX or not, so the size
+// depends on the params alone.
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
 constexpr int kPinnedOperands = 2;
+constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
 inline size_t isa_scratch_bytes(const AttnParams& p) {
-  if (p.dtype != FA_DTYPE_BF16) return 0;
-  const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2;
-  const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2;
+  const size_t pieces = p.dtype == FA_DTYPE_BF16 ? 1 : p.dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
+  if (pieces == 0) return 0;
+  const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2 * pieces;
+  const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * pieces;
   const size_t c = size_t{kMaxGemmRows} * kMaxGemmDim * 4;
   return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
 }
