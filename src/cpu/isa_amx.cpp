@@ -136,21 +136,23 @@ __m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
 // the sum of the 6 piece products whose size is >= 2^-16 |A B| (the 3
 // dropped ones are <= 2^-24 |A B|, like fp32 rounding). Products of bf16 are
 // exact in fp32 and TDPBF16PS accumulates in fp32, so the result carries the
-// error of an fp32 sum of 6 k terms; the small products go first, while
-// the running sum is small, and the main one x0 y0 last.
+// error of an fp32 sum of 6 k terms. The 5 small products go first, over
+// all of k, while the running sum is small (its roundings are then 2^-8 of
+// the main sum's), and the main one x0 y0 last. Within a k step the small
+// ones are ordered so that each reloads only one operand piece.
 template <int kPieces>
 struct SplitProducts;
 template <>
 struct SplitProducts<1> {
-  static constexpr int kCount = 1;
+  static constexpr int kSmall = 0;
   static constexpr int a[1] = {0};
   static constexpr int b[1] = {0};
 };
 template <>
 struct SplitProducts<3> {
-  static constexpr int kCount = 6;
-  static constexpr int a[6] = {2, 1, 0, 1, 0, 0};
-  static constexpr int b[6] = {0, 1, 2, 0, 1, 0};
+  static constexpr int kSmall = 5;
+  static constexpr int a[5] = {2, 1, 1, 0, 0};
+  static constexpr int b[5] = {0, 0, 1, 1, 2};
 };
 
 __m512 round_to_bf16(__m512 x) { return bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))); }
@@ -309,20 +311,37 @@ struct AmxKernels : Avx512Kernels {
     }
     const int64_t a_stride = static_cast<int64_t>(k32) * 2;
     const int64_t b_stride = row_pairs * 4;
-    for (int product = 0; product < Products::kCount; ++product) {
-      const uint16_t* a_rows = a_rows_packed + Products::a[product] * a_plane + static_cast<int64_t>(i0) * k32;
-      const uint32_t* b_piece = b_pairs + Products::b[product] * b_plane + j0;
+    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * k32;
+    const uint32_t* b_cols = b_pairs + j0;
+    const auto load_a = [&](int piece, int l) {
+      _tile_loadd(4, a_rows + piece * a_plane + l, a_stride);
+      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * k32 + l, a_stride);
+    };
+    const auto load_b = [&](int piece, int l) {
+      const uint32_t* b_rows = b_cols + piece * b_plane + static_cast<int64_t>(l / 2) * row_pairs;
+      _tile_loadd(6, b_rows, b_stride);
+      if (kColTiles > 1) _tile_loadd(7, b_rows + 16, b_stride);
+    };
+    const auto multiply = [] {
+      _tile_dpbf16ps(0, 4, 6);
+      if (kColTiles > 1) _tile_dpbf16ps(1, 4, 7);
+      if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
+      if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
+    };
+    if constexpr (Products::kSmall > 0) {
       for (int l = 0; l < k32; l += 32) {
-        const uint32_t* b_rows = b_piece + static_cast<int64_t>(l / 2) * row_pairs;
-        _tile_loadd(4, a_rows + l, a_stride);
-        _tile_loadd(6, b_rows, b_stride);
-        if (kRowTiles > 1) _tile_loadd(5, a_rows + 16 * k32 + l, a_stride);
-        if (kColTiles > 1) _tile_loadd(7, b_rows + 16, b_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        if (kColTiles > 1) _tile_dpbf16ps(1, 4, 7);
-        if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
-        if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
+#pragma GCC unroll 8
+        for (int step = 0; step < Products::kSmall; ++step) {
+          if (step == 0 || Products::a[step] != Products::a[step - 1]) load_a(Products::a[step], l);
+          if (step == 0 || Products::b[step] != Products::b[step - 1]) load_b(Products::b[step], l);
+          multiply();
+        }
       }
+    }
+    for (int l = 0; l < k32; l += 32) {
+      load_a(0, l);
+      load_b(0, l);
+      multiply();
     }
     _tile_stored(0, c00, c_stride);
     if (kColTiles > 1) _tile_stored(1, c00 + 16, c_stride);
