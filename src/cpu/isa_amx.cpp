@@ -186,10 +186,20 @@ struct AmxKernels : Avx512Kernels {
     uint32_t* packed = nullptr;
   };
 
+  // A operands packed once by the team (scratch.hpp, PackedChunkShape):
+  // chunk c of them is the A operand source + c * chunk_floats.
+  struct SharedA {
+    const float* source = nullptr;
+    int64_t chunk_floats = 0, a_row = 0, a_col = 0;
+    PackedChunkShape shape;
+    const uint16_t* packed = nullptr;
+  };
+
   uint16_t* a_packed;  // kPieces x (kMaxGemmRows, kMaxGemmDim) bf16
   uint32_t* b_packed;  // kPieces x (kMaxGemmDim / 2, kMaxGemmRows) bf16 pairs
   float* c_staging;    // (kMaxGemmRows, kMaxGemmDim)
   PinnedB pinned[kPinnedOperands];
+  SharedA shared_a[kSharedOperands];
 
   explicit AmxKernels(void* scratch) : Avx512Kernels(scratch) {
     ScratchArena arena(static_cast<char*>(scratch));
@@ -210,6 +220,37 @@ struct AmxKernels : Avx512Kernels {
   }
 
   void unpin_b(int slot) { pinned[slot].source = nullptr; }
+
+  static void pack_a_chunk(int m, int k, const float* a, int64_t a_row, int64_t a_col, PackedChunkShape shape,
+                           uint16_t* dst) {
+    pack_a(m, k, a, a_row, a_col, shape.m16, shape.k32, dst);
+  }
+
+  void use_packed_a(int slot, const float* source, int64_t chunk_floats, int64_t a_row, int64_t a_col,
+                    PackedChunkShape shape, const uint16_t* packed) {
+    shared_a[slot] = SharedA{source, chunk_floats, a_row, a_col, shape, packed};
+  }
+
+  void drop_packed_a(int slot) { shared_a[slot].source = nullptr; }
+
+  // The packed A operand, its row length and plane size: a chunk of a
+  // shared operand when a is one (same layout, the gemm within its shape),
+  // else packed here.
+  const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
+                           int64_t& plane) {
+    for (const SharedA& shared : shared_a) {
+      if (shared.source == nullptr || shared.a_row != a_row || shared.a_col != a_col || a < shared.source) continue;
+      const int64_t offset = a - shared.source;
+      if (offset % shared.chunk_floats != 0 || m > shared.shape.m16 || k > shared.shape.k32) continue;
+      row_length = shared.shape.k32;
+      plane = int64_t{shared.shape.m16} * shared.shape.k32;
+      return shared.packed + offset / shared.chunk_floats * shared.shape.bf16_elements(kPieces);
+    }
+    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
+    row_length = k32;
+    plane = int64_t{m16} * k32;
+    return a_packed;
+  }
 
   // The packed B operand, its row length in pairs and its plane size: a
   // pinned operand, or a column window of one that starts on a 16-column
@@ -294,8 +335,8 @@ struct AmxKernels : Avx512Kernels {
   // 32-wide k step, A and B tiles are loaded once and feed
   // kRowTiles * kColTiles products.
   template <int kRowTiles, int kColTiles>
-  void amx_block(const uint16_t* a_rows_packed, int64_t a_plane, const uint32_t* b_pairs, int64_t row_pairs,
-                 int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
+  void amx_block(const uint16_t* a_rows_packed, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
+                 int64_t row_pairs, int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
     float* c00 = c + i0 * ldc + j0;
     const int64_t c_stride = ldc * 4;
     if (accumulate) {
@@ -309,13 +350,13 @@ struct AmxKernels : Avx512Kernels {
       if (kRowTiles > 1) _tile_zero(2);
       if (kRowTiles > 1 && kColTiles > 1) _tile_zero(3);
     }
-    const int64_t a_stride = static_cast<int64_t>(k32) * 2;
+    const int64_t a_stride = static_cast<int64_t>(a_row_length) * 2;
     const int64_t b_stride = row_pairs * 4;
-    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * k32;
+    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * a_row_length;
     const uint32_t* b_cols = b_pairs + j0;
     const auto load_a = [&](int piece, int l) {
       _tile_loadd(4, a_rows + piece * a_plane + l, a_stride);
-      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * k32 + l, a_stride);
+      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * a_row_length + l, a_stride);
     };
     const auto load_b = [&](int piece, int l) {
       const uint32_t* b_rows = b_cols + piece * b_plane + static_cast<int64_t>(l / 2) * row_pairs;
@@ -353,7 +394,9 @@ struct AmxKernels : Avx512Kernels {
             float* c, int64_t ldc, bool accumulate) {
     if (m <= 0 || n <= 0) return;
     const int m16 = round_up(m, 16), n16 = round_up(n, 16), k32 = round_up(std::max(k, 1), 32);
-    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
+    int a_row_length = 0;
+    int64_t a_plane = 0;
+    const uint16_t* a_pieces = packed_a(m, k, a, a_row, a_col, m16, k32, a_row_length, a_plane);
     int64_t row_pairs = 0, b_plane = 0;
     const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, row_pairs, b_plane);
     // Tiles write whole 16 x 16 blocks: straight into C when they fit its
@@ -368,8 +411,7 @@ struct AmxKernels : Avx512Kernels {
 
     static const AmxTileConfig config;
     _tile_loadconfig(&config);
-    run_blocks(a_packed, static_cast<int64_t>(m16) * k32, b_pairs, row_pairs, b_plane, m16, n16, k32, target, ld,
-               accumulate);
+    run_blocks(a_pieces, a_row_length, a_plane, b_pairs, row_pairs, b_plane, m16, n16, k32, target, ld, accumulate);
     _tile_release();
     if (!direct)
       for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
@@ -398,20 +440,44 @@ struct AmxKernels : Avx512Kernels {
     }
   }
 
-  void run_blocks(const uint16_t* a_rows, int64_t a_plane, const uint32_t* b_pairs, int64_t row_pairs,
-                  int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld, bool accumulate) {
+  // The same for a B that holds P (the forward's O^T = V^T P^T).
+  void gemm_exact_b(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, float* b, int64_t ldb,
+                    float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    if constexpr (kPieces == 1) {
+      for (int l = 0; l < k; ++l) {
+        float* row = b + l * ldb;
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 mask = lanes_mask(n - j);
+          const __m512 x = _mm512_maskz_loadu_ps(mask, row + j);
+          _mm512_mask_storeu_ps(row + j, mask, _mm512_sub_ps(x, round_to_bf16(x)));
+        }
+      }
+      gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    }
+  }
+
+  void run_blocks(const uint16_t* a_rows, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
+                  int64_t row_pairs, int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld,
+                  bool accumulate) {
     int i0 = 0;
     for (; i0 + 32 <= m16; i0 += 32) {
       int j0 = 0;
       for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<2, 2>(a_rows, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld, accumulate);
-      if (j0 < n16) amx_block<2, 1>(a_rows, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld, accumulate);
+        amx_block<2, 2>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
+      if (j0 < n16)
+        amx_block<2, 1>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
     }
     if (i0 < m16) {
       int j0 = 0;
       for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<1, 2>(a_rows, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld, accumulate);
-      if (j0 < n16) amx_block<1, 1>(a_rows, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld, accumulate);
+        amx_block<1, 2>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
+      if (j0 < n16)
+        amx_block<1, 1>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
     }
   }
 };

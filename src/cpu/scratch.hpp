@@ -21,6 +21,7 @@ namespace cpu {
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
 constexpr int kPinnedOperands = 2;
+constexpr int kSharedOperands = 2;  // shared packed A operands (AMX), see StagedKvHeads
 constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
 inline size_t isa_scratch_bytes(const AttnParams& p) {
@@ -41,6 +42,8 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
 struct StagedKv {
   float* k;  // (seqlen_k, D)
   float* v;  // (seqlen_k, Dv)
+  const uint16_t* k_packed = nullptr;   // forward only: packed chunks (StagedKvHeads)
+  const uint16_t* vt_packed = nullptr;
 };
 
 inline StagedKv carve_staged_kv(ScratchArena& arena, const AttnParams& p) {
@@ -75,7 +78,7 @@ struct FwdScratch {
   float* q_t;       // (D, kBlockM)  Q tile transposed: B operand of S^T = K Q^T
   float* s_t;       // (kBlockN, kBlockM) scores, then probabilities, one row per key
   float* drop;      // (kBlockN, kBlockM) dropout factors (0 or 1/(1-p)); only with dropout
-  float* o;         // (kBlockM, Dv) unnormalized output
+  float* o_t;       // (Dv, kBlockM) unnormalized output, transposed
   float* row_max;   // (kBlockM) running max, log2 units
   float* row_sum;   // (kBlockM) running sum of exp2
   float* tile_max;  // (kBlockM)
@@ -89,7 +92,7 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.s_t = arena.take_floats(kBlockN * kBlockM);
   s.drop = p.dropout.enabled ? arena.take_floats(kBlockN * kBlockM) : nullptr;
-  s.o = arena.take_floats(kBlockM * p.head_dim_v);
+  s.o_t = arena.take_floats(kBlockM * p.head_dim_v);
   s.row_max = arena.take_floats(kBlockM);
   s.row_sum = arena.take_floats(kBlockM);
   s.tile_max = arena.take_floats(kBlockM);
@@ -173,12 +176,38 @@ inline int64_t fwd_heads_per_step(const AttnParams& p) {
   return std::clamp<int64_t>(kStageBudget / head_bytes, 1, p.heads_kv);
 }
 
+// A K or V chunk (kBlockN keys) packed once per step in the AMX kernel
+// set's operand layout (isa_amx.cpp: bf16 pieces, planes of (m16, k32)
+// rows), so that the forward's work items do not repack it per Q tile:
+// K as the A operand of S^T = K Q^T, (kBlockN, D); V transposed as the A
+// operand of O^T = V^T P^T, (Dv, kBlockN). Sized from the dtype alone:
+// 0 bytes where no AMX kernel set runs that dtype (fp16).
+inline int amx_pieces(fa_dtype dtype) {
+  return dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
+}
+inline int round_up_to(int64_t value, int multiple) {
+  return static_cast<int>((value + multiple - 1) / multiple * multiple);
+}
+struct PackedChunkShape {
+  int m16 = 0, k32 = 0;  // rows and row length (bf16 elements) of one piece plane
+  int64_t bf16_elements(int pieces) const { return int64_t{pieces} * m16 * k32; }
+};
+inline PackedChunkShape packed_k_chunk(const AttnParams& p) { return {kBlockN, round_up_to(p.head_dim, 32)}; }
+inline PackedChunkShape packed_vt_chunk(const AttnParams& p) { return {round_up_to(p.head_dim_v, 16), kBlockN}; }
+
 // Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head.
+// With an AMX dtype also their packed chunks (null otherwise).
 struct StagedKvHeads {
   float* k;
   float* v;
   int64_t k_head = 0, v_head = 0;  // floats per head: seqlen_k * D, seqlen_k * Dv
-  StagedKv head(int64_t i) const { return StagedKv{k + i * k_head, v + i * v_head}; }
+  uint16_t* k_packed = nullptr;    // (heads, chunks) packed K chunks
+  uint16_t* vt_packed = nullptr;   // (heads, chunks) packed V^T chunks
+  int64_t k_packed_head = 0, vt_packed_head = 0;  // bf16 elements per head
+  StagedKv head(int64_t i) const {
+    return StagedKv{k + i * k_head, v + i * v_head, k_packed == nullptr ? nullptr : k_packed + i * k_packed_head,
+                    vt_packed == nullptr ? nullptr : vt_packed + i * vt_packed_head};
+  }
 };
 
 inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams& p) {
@@ -188,6 +217,14 @@ inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams
   s.v_head = p.seqlen_k * p.head_dim_v;
   s.k = arena.take_floats(heads * s.k_head);
   s.v = arena.take_floats(heads * s.v_head);
+  const int pieces = amx_pieces(p.dtype);
+  if (pieces > 0) {
+    const int64_t chunks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    s.k_packed_head = chunks * packed_k_chunk(p).bf16_elements(pieces);
+    s.vt_packed_head = chunks * packed_vt_chunk(p).bf16_elements(pieces);
+    s.k_packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(heads * s.k_packed_head) * 2));
+    s.vt_packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(heads * s.vt_packed_head) * 2));
+  }
   return s;
 }
 
