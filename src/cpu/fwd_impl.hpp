@@ -44,11 +44,8 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
   for (int c = 0; c < dv; ++c) std::fill(w.o_t + c * kBlockM, w.o_t + c * kBlockM + mq, 0.0f);
   std::fill(w.row_max, w.row_max + mq, kNegInf);
   std::fill(w.row_sum, w.row_sum + mq, 0.0f);
-  // Chunk c of K (V^T) is the A operand kv.k + c * kBlockN * d (kv.v + ...).
-  if (kv.k_packed != nullptr) {
-    isa.use_packed_a(0, kv.k, int64_t{kBlockN} * d, d, 1, packed_k_chunk(p), kv.k_packed);
-    isa.use_packed_a(1, kv.v, int64_t{kBlockN} * dv, 1, dv, packed_vt_chunk(p), kv.vt_packed);
-  }
+  isa.share(0, kv.k_a);
+  isa.share(1, kv.vt_a);
 
   // Tiles stay on the kBlockN grid (dropout needs k0 % 4 == 0); tiles fully
   // outside [key_begin, key_end) are never visited.
@@ -119,8 +116,8 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
       isa.gemm(dv, nq, nk, v_tile, 1, dv, s_t, kBlockM, o_t, kBlockM, true);
   }
   isa.unpin_b(0);
-  isa.drop_packed_a(0);
-  isa.drop_packed_a(1);
+  isa.unshare(0);
+  isa.unshare(1);
 
   // 1/(1-p) of the kept probabilities, factored out of P V (dropout_factors).
   const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;

@@ -186,20 +186,11 @@ struct AmxKernels : Avx512Kernels {
     uint32_t* packed = nullptr;
   };
 
-  // A operands packed once by the team (scratch.hpp, PackedChunkShape):
-  // chunk c of them is the A operand source + c * chunk_floats.
-  struct SharedA {
-    const float* source = nullptr;
-    int64_t chunk_floats = 0, a_row = 0, a_col = 0;
-    PackedChunkShape shape;
-    const uint16_t* packed = nullptr;
-  };
-
   uint16_t* a_packed;  // kPieces x (kMaxGemmRows, kMaxGemmDim) bf16
   uint32_t* b_packed;  // kPieces x (kMaxGemmDim / 2, kMaxGemmRows) bf16 pairs
   float* c_staging;    // (kMaxGemmRows, kMaxGemmDim)
   PinnedB pinned[kPinnedOperands];
-  SharedA shared_a[kSharedOperands];
+  SharedOperand shared[kSharedOperands];  // packed once by the team (scratch.hpp)
 
   explicit AmxKernels(void* scratch) : Avx512Kernels(scratch) {
     ScratchArena arena(static_cast<char*>(scratch));
@@ -221,30 +212,49 @@ struct AmxKernels : Avx512Kernels {
 
   void unpin_b(int slot) { pinned[slot].source = nullptr; }
 
-  static void pack_a_chunk(int m, int k, const float* a, int64_t a_row, int64_t a_col, PackedChunkShape shape,
-                           uint16_t* dst) {
-    pack_a(m, k, a, a_row, a_col, shape.m16, shape.k32, dst);
+  // Packs chunk `chunk` (its first `rows` staged rows) of a shared operand.
+  static void pack_chunk(const SharedOperand& op, int64_t chunk, int rows) {
+    const float* src = op.source + chunk * op.chunk_floats();
+    uint16_t* dst = op.chunk_packed(chunk, kPieces);
+    if (op.role == OperandRole::kRowsA)
+      pack_a(rows, op.cols, src, op.cols, 1, op.plane_rows(), op.plane_row_length(), dst);
+    else if (op.role == OperandRole::kTransposedA)
+      pack_a(op.cols, rows, src, 1, op.cols, op.plane_rows(), op.plane_row_length(), dst);
+    else
+      pack_b(rows, op.cols, src, op.cols, op.chunk_rows, op.plane_row_length() / 2, reinterpret_cast<uint32_t*>(dst));
   }
 
-  void use_packed_a(int slot, const float* source, int64_t chunk_floats, int64_t a_row, int64_t a_col,
-                    PackedChunkShape shape, const uint16_t* packed) {
-    shared_a[slot] = SharedA{source, chunk_floats, a_row, a_col, shape, packed};
+  void share(int slot, const SharedOperand& op) { shared[slot] = op.packed != nullptr ? op : SharedOperand{}; }
+  void unshare(int slot) { shared[slot] = SharedOperand{}; }
+
+  // Where the gemm operand at `x` lies in a shared operand: its chunk and
+  // the staged row within it (false: not shared, or not at a row).
+  static bool locate(const SharedOperand& op, const float* x, int64_t& chunk, int& row) {
+    if (op.source == nullptr || x < op.source) return false;
+    const int64_t offset = x - op.source;
+    chunk = offset / op.chunk_floats();
+    const int64_t within = offset % op.chunk_floats();
+    if (within % op.cols != 0) return false;
+    row = static_cast<int>(within / op.cols);
+    return true;
   }
 
-  void drop_packed_a(int slot) { shared_a[slot].source = nullptr; }
-
-  // The packed A operand, its row length and plane size: a chunk of a
-  // shared operand when a is one (same layout, the gemm within its shape),
-  // else packed here.
+  // The packed A operand, its row length and plane size: a window of a
+  // shared operand (rows from a multiple of 16 within one chunk, or a whole
+  // transposed chunk), else packed here.
   const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
                            int64_t& plane) {
-    for (const SharedA& shared : shared_a) {
-      if (shared.source == nullptr || shared.a_row != a_row || shared.a_col != a_col || a < shared.source) continue;
-      const int64_t offset = a - shared.source;
-      if (offset % shared.chunk_floats != 0 || m > shared.shape.m16 || k > shared.shape.k32) continue;
-      row_length = shared.shape.k32;
-      plane = int64_t{shared.shape.m16} * shared.shape.k32;
-      return shared.packed + offset / shared.chunk_floats * shared.shape.bf16_elements(kPieces);
+    for (const SharedOperand& op : shared) {
+      int64_t chunk = 0;
+      int row = 0;
+      if (op.role == OperandRole::kRowsB || !locate(op, a, chunk, row)) continue;
+      const bool rows = op.role == OperandRole::kRowsA;
+      if (rows ? (a_col != 1 || a_row != op.cols || k != op.cols || row % 16 != 0 || row + m16 > op.chunk_rows)
+               : (a_row != 1 || a_col != op.cols || m != op.cols || row != 0 || k > op.chunk_rows))
+        continue;
+      row_length = op.plane_row_length();
+      plane = int64_t{op.plane_rows()} * row_length;
+      return op.chunk_packed(chunk, kPieces) + static_cast<int64_t>(row) * row_length;
     }
     pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
     row_length = k32;
@@ -257,6 +267,17 @@ struct AmxKernels : Avx512Kernels {
   // tile, is used as packed.
   const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& row_pairs,
                            int64_t& plane) {
+    // Rows of a shared operand: whole rows from an even one (a multiple of
+    // 16) within one chunk.
+    for (const SharedOperand& op : shared) {
+      int64_t chunk = 0;
+      int row = 0;
+      if (op.role != OperandRole::kRowsB || !locate(op, b, chunk, row)) continue;
+      if (ldb != op.cols || n != op.cols || row % 16 != 0 || row + k32 > op.chunk_rows) continue;
+      row_pairs = op.plane_row_length() / 2;
+      plane = int64_t{op.plane_rows()} * row_pairs;
+      return reinterpret_cast<const uint32_t*>(op.chunk_packed(chunk, kPieces)) + int64_t{row / 2} * row_pairs;
+    }
     for (const PinnedB& pin : pinned) {
       if (pin.source == nullptr || pin.k != k || pin.ldb != ldb || b < pin.source) continue;
       const int64_t offset = b - pin.source;

@@ -16,11 +16,10 @@ struct GenericKernels {
   explicit GenericKernels(void* /*scratch: unused*/) {}
   void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
   void unpin_b(int /*slot*/) {}
-  static void pack_a_chunk(int /*m*/, int /*k*/, const float* /*a*/, int64_t /*a_row*/, int64_t /*a_col*/,
-                           PackedChunkShape /*shape*/, uint16_t* /*dst*/) {}
-  void use_packed_a(int /*slot*/, const float* /*source*/, int64_t /*chunk_floats*/, int64_t /*a_row*/,
-                    int64_t /*a_col*/, PackedChunkShape /*shape*/, const uint16_t* /*packed*/) {}
-  void drop_packed_a(int /*slot*/) {}
+  // No packed layouts here: shared operands are read as staged.
+  static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
+  void share(int /*slot*/, const SharedOperand& /*op*/) {}
+  void unshare(int /*slot*/) {}
 
   static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                    float* c, int64_t ldc, bool accumulate) {

@@ -21,7 +21,7 @@ namespace cpu {
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
 constexpr int kPinnedOperands = 2;
-constexpr int kSharedOperands = 2;  // shared packed A operands (AMX), see StagedKvHeads
+constexpr int kSharedOperands = 2;  // shared packed operands in use at once (SharedOperand)
 constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
 inline size_t isa_scratch_bytes(const AttnParams& p) {
@@ -33,6 +33,69 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
   return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
 }
 
+// Staged rows that are a gemm operand of many work items are packed once
+// per step by the team, chunk by chunk, in the AMX kernel set's layouts
+// (isa_amx.cpp: bf16 pieces, planes per piece), so that no item repacks
+// them per tile. Roles of the staged rows (chunk_rows per chunk, cols
+// floats each) in the operand:
+//   kRowsA        rows of A              planes (chunk_rows, k32 = cols rounded to 32)
+//   kTransposedA  columns of A (V^T)     planes (cols rounded to 16, k32 = chunk_rows)
+//   kRowsB        rows of B              planes of pairs (chunk_rows / 2, n16 = cols rounded to 16)
+// packed is null where no AMX kernel set runs the dtype (fp16): the sizes
+// come from the params alone.
+inline int amx_pieces(fa_dtype dtype) {
+  return dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
+}
+inline int round_up_to(int64_t value, int multiple) {
+  return static_cast<int>((value + multiple - 1) / multiple * multiple);
+}
+enum class OperandRole { kRowsA, kTransposedA, kRowsB };
+struct SharedOperand {
+  OperandRole role = OperandRole::kRowsA;
+  const float* source = nullptr;
+  int chunk_rows = 0, cols = 0;
+  uint16_t* packed = nullptr;
+
+  // One piece plane of a chunk: plane_rows x plane_row_length bf16.
+  int plane_rows() const {
+    return role == OperandRole::kRowsA ? chunk_rows
+           : role == OperandRole::kTransposedA ? round_up_to(cols, 16)
+                                               : chunk_rows / 2;
+  }
+  int plane_row_length() const {
+    return role == OperandRole::kRowsA ? round_up_to(cols, 32)
+           : role == OperandRole::kTransposedA ? chunk_rows
+                                               : 2 * round_up_to(cols, 16);
+  }
+  int64_t chunk_bf16(int pieces) const { return int64_t{pieces} * plane_rows() * plane_row_length(); }
+  int64_t chunk_floats() const { return int64_t{chunk_rows} * cols; }
+  uint16_t* chunk_packed(int64_t chunk, int pieces) const { return packed + chunk * chunk_bf16(pieces); }
+};
+
+// Staged rows (rows, cols) at source with a packed copy carved from arena.
+inline SharedOperand carve_shared_operand(ScratchArena& arena, const AttnParams& p, OperandRole role,
+                                          const float* source, int64_t rows, int chunk_rows, int64_t cols) {
+  SharedOperand op;
+  op.role = role;
+  op.source = source;
+  op.chunk_rows = chunk_rows;
+  op.cols = static_cast<int>(cols);
+  const int pieces = amx_pieces(p.dtype);
+  if (pieces > 0) {
+    const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    op.packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(chunks * op.chunk_bf16(pieces)) * 2));
+  }
+  return op;
+}
+
+// The same operand for the staged rows `floats` further on and their chunks
+// `chunks` further on (the next head of a multi-head buffer).
+inline SharedOperand shifted(SharedOperand op, int64_t floats, int64_t chunks, int pieces) {
+  op.source += floats;
+  if (op.packed != nullptr) op.packed += chunks * op.chunk_bf16(pieces);
+  return op;
+}
+
 // Per (batch, kv head) step, the K/V rows (forward, dQ pass) or the Q
 // and dO rows of one query head (dK/dV pass) are converted once into
 // contiguous fp32 arrays that all threads read. Tiles are then plain
@@ -42,8 +105,8 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
 struct StagedKv {
   float* k;  // (seqlen_k, D)
   float* v;  // (seqlen_k, Dv)
-  const uint16_t* k_packed = nullptr;   // forward only: packed chunks (StagedKvHeads)
-  const uint16_t* vt_packed = nullptr;
+  // Forward only: K and V^T packed as A operands (StagedKvHeads).
+  SharedOperand k_a, vt_a;
 };
 
 inline StagedKv carve_staged_kv(ScratchArena& arena, const AttnParams& p) {
@@ -176,37 +239,20 @@ inline int64_t fwd_heads_per_step(const AttnParams& p) {
   return std::clamp<int64_t>(kStageBudget / head_bytes, 1, p.heads_kv);
 }
 
-// A K or V chunk (kBlockN keys) packed once per step in the AMX kernel
-// set's operand layout (isa_amx.cpp: bf16 pieces, planes of (m16, k32)
-// rows), so that the forward's work items do not repack it per Q tile:
-// K as the A operand of S^T = K Q^T, (kBlockN, D); V transposed as the A
-// operand of O^T = V^T P^T, (Dv, kBlockN). Sized from the dtype alone:
-// 0 bytes where no AMX kernel set runs that dtype (fp16).
-inline int amx_pieces(fa_dtype dtype) {
-  return dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
-}
-inline int round_up_to(int64_t value, int multiple) {
-  return static_cast<int>((value + multiple - 1) / multiple * multiple);
-}
-struct PackedChunkShape {
-  int m16 = 0, k32 = 0;  // rows and row length (bf16 elements) of one piece plane
-  int64_t bf16_elements(int pieces) const { return int64_t{pieces} * m16 * k32; }
-};
-inline PackedChunkShape packed_k_chunk(const AttnParams& p) { return {kBlockN, round_up_to(p.head_dim, 32)}; }
-inline PackedChunkShape packed_vt_chunk(const AttnParams& p) { return {round_up_to(p.head_dim_v, 16), kBlockN}; }
-
-// Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head.
-// With an AMX dtype also their packed chunks (null otherwise).
+// Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head,
+// and packed as the A operands of S^T = K Q^T (K) and O^T = V^T P^T (V^T).
 struct StagedKvHeads {
   float* k;
   float* v;
   int64_t k_head = 0, v_head = 0;  // floats per head: seqlen_k * D, seqlen_k * Dv
-  uint16_t* k_packed = nullptr;    // (heads, chunks) packed K chunks
-  uint16_t* vt_packed = nullptr;   // (heads, chunks) packed V^T chunks
-  int64_t k_packed_head = 0, vt_packed_head = 0;  // bf16 elements per head
+  int64_t chunks = 0;              // kBlockN chunks per head
+  int pieces = 0;
+  SharedOperand k_a, vt_a;         // of head 0
   StagedKv head(int64_t i) const {
-    return StagedKv{k + i * k_head, v + i * v_head, k_packed == nullptr ? nullptr : k_packed + i * k_packed_head,
-                    vt_packed == nullptr ? nullptr : vt_packed + i * vt_packed_head};
+    StagedKv kv{k + i * k_head, v + i * v_head};
+    kv.k_a = shifted(k_a, i * k_head, i * chunks, pieces);
+    kv.vt_a = shifted(vt_a, i * v_head, i * chunks, pieces);
+    return kv;
   }
 };
 
@@ -217,14 +263,11 @@ inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams
   s.v_head = p.seqlen_k * p.head_dim_v;
   s.k = arena.take_floats(heads * s.k_head);
   s.v = arena.take_floats(heads * s.v_head);
-  const int pieces = amx_pieces(p.dtype);
-  if (pieces > 0) {
-    const int64_t chunks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-    s.k_packed_head = chunks * packed_k_chunk(p).bf16_elements(pieces);
-    s.vt_packed_head = chunks * packed_vt_chunk(p).bf16_elements(pieces);
-    s.k_packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(heads * s.k_packed_head) * 2));
-    s.vt_packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(heads * s.vt_packed_head) * 2));
-  }
+  s.chunks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  s.pieces = amx_pieces(p.dtype);
+  s.k_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.k, heads * s.chunks * kBlockN, kBlockN, p.head_dim);
+  s.vt_a = carve_shared_operand(arena, p, OperandRole::kTransposedA, s.v, heads * s.chunks * kBlockN, kBlockN,
+                                p.head_dim_v);
   return s;
 }
 

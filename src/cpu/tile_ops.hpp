@@ -116,8 +116,6 @@ void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0
               const StagedKvHeads& kv) {
   const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
   const int64_t chunks = ceil_div(seq.seqlen_k, kBlockN);
-  const int pieces = amx_pieces(p.dtype);
-  const PackedChunkShape k_shape = packed_k_chunk(p), vt_shape = packed_vt_chunk(p);
 #pragma omp for schedule(static)
   for (int64_t chunk = 0; chunk < 2 * heads * chunks; ++chunk) {
     const int64_t head = chunk / (2 * chunks);
@@ -129,15 +127,11 @@ void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0
     if (is_v) {
       load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head), r0, count, dv, dst.v + r0 * dv,
                      dv);
-      if (kv.vt_packed != nullptr)
-        Isa::pack_a_chunk(dv, count, dst.v + r0 * dv, 1, dv, vt_shape,
-                          kv.vt_packed + head * kv.vt_packed_head + index * vt_shape.bf16_elements(pieces));
+      if (dst.vt_a.packed != nullptr) Isa::pack_chunk(dst.vt_a, index, count);
     } else {
       load_tile<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head), r0, count, d, dst.k + r0 * d,
                      d);
-      if (kv.k_packed != nullptr)
-        Isa::pack_a_chunk(count, d, dst.k + r0 * d, d, 1, k_shape,
-                          kv.k_packed + head * kv.k_packed_head + index * k_shape.bf16_elements(pieces));
+      if (dst.k_a.packed != nullptr) Isa::pack_chunk(dst.k_a, index, count);
     }
   }
 }
