@@ -232,6 +232,7 @@ struct AmxKernels : Avx512Kernels {
   static bool locate(const SharedOperand& op, const float* x, int64_t& chunk, int& row) {
     if (op.source == nullptr || x < op.source) return false;
     const int64_t offset = x - op.source;
+    if (offset >= op.rows * op.cols) return false;
     chunk = offset / op.chunk_floats();
     const int64_t within = offset % op.chunk_floats();
     if (within % op.cols != 0) return false;

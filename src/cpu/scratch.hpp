@@ -20,8 +20,9 @@ namespace cpu {
 // depends on the params alone.
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
-constexpr int kPinnedOperands = 2;
-constexpr int kSharedOperands = 2;  // shared packed operands in use at once (SharedOperand)
+constexpr int kKvTilesPerItem = 2;                 // backward dK/dV items (bwd_impl.hpp)
+constexpr int kPinnedOperands = 2 * kKvTilesPerItem;  // K^T and V^T of each
+constexpr int kSharedOperands = 4;  // shared packed operands in use at once (SharedOperand)
 constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
 inline size_t isa_scratch_bytes(const AttnParams& p) {
@@ -54,6 +55,8 @@ struct SharedOperand {
   OperandRole role = OperandRole::kRowsA;
   const float* source = nullptr;
   int chunk_rows = 0, cols = 0;
+  int64_t rows = 0;    // staged rows from source
+  int64_t chunks = 0;  // of the packed copy
   uint16_t* packed = nullptr;
 
   // One piece plane of a chunk: plane_rows x plane_row_length bf16.
@@ -80,11 +83,11 @@ inline SharedOperand carve_shared_operand(ScratchArena& arena, const AttnParams&
   op.source = source;
   op.chunk_rows = chunk_rows;
   op.cols = static_cast<int>(cols);
+  op.rows = rows;
+  op.chunks = (rows + chunk_rows - 1) / chunk_rows;
   const int pieces = amx_pieces(p.dtype);
-  if (pieces > 0) {
-    const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-    op.packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(chunks * op.chunk_bf16(pieces)) * 2));
-  }
+  if (pieces > 0)
+    op.packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(op.chunks * op.chunk_bf16(pieces)) * 2));
   return op;
 }
 
@@ -164,11 +167,16 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   return s;
 }
 
-// Pass 1 of the backward (dK, dV of one K/V tile): scores are query-major.
+// Pass 1 of the backward (dK, dV of kKvTilesPerItem K/V tiles): scores are
+// query-major.
 struct BwdKvScratch {
   void* isa;
-  float* k_t;   // (D, kBlockN)  B operand of S = Q K^T
-  float* v_t;   // (Dv, kBlockN) B operand of dP = dO V^T
+  float* k_t;   // (kKvTilesPerItem, D, kBlockN)  B operands of S = Q K^T
+  float* v_t;   // (kKvTilesPerItem, Dv, kBlockN) B operands of dP = dO V^T
+  // One Q tile's Q and dO packed (AMX dtypes) as A operands of S and dP and
+  // as B operands of dK += dS^T Q and dV += P^T dO, once for all the item's
+  // K/V tiles; source and packed set by bwd_impl.hpp per Q tile.
+  SharedOperand q_a, dout_a, q_b, dout_b;
   float* s;     // (kBlockM, kBlockN) scores, then P (dropped)
   float* dp;    // (kBlockM, kBlockN) dP, then dS
   float* tanh;  // (kBlockM, kBlockN) tanh of the capped score; only with softcap
@@ -196,8 +204,12 @@ inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
   const int64_t tile = kBlockM * kBlockN;
   BwdKvScratch s;
   s.isa = arena.take_bytes(isa_scratch_bytes(p));
-  s.k_t = arena.take_floats(p.head_dim * kBlockN);
-  s.v_t = arena.take_floats(p.head_dim_v * kBlockN);
+  s.k_t = arena.take_floats(kKvTilesPerItem * p.head_dim * kBlockN);
+  s.v_t = arena.take_floats(kKvTilesPerItem * p.head_dim_v * kBlockN);
+  s.q_a = carve_shared_operand(arena, p, OperandRole::kRowsA, nullptr, kBlockM, kBlockM, p.head_dim);
+  s.dout_a = carve_shared_operand(arena, p, OperandRole::kRowsA, nullptr, kBlockM, kBlockM, p.head_dim_v);
+  s.q_b = carve_shared_operand(arena, p, OperandRole::kRowsB, nullptr, kBlockM, kBlockM, p.head_dim);
+  s.dout_b = carve_shared_operand(arena, p, OperandRole::kRowsB, nullptr, kBlockM, kBlockM, p.head_dim_v);
   s.s = arena.take_floats(tile);
   s.dp = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
@@ -268,6 +280,8 @@ inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams
   s.k_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.k, heads * s.chunks * kBlockN, kBlockN, p.head_dim);
   s.vt_a = carve_shared_operand(arena, p, OperandRole::kTransposedA, s.v, heads * s.chunks * kBlockN, kBlockN,
                                 p.head_dim_v);
+  s.k_a.chunks = s.vt_a.chunks = s.chunks;  // views of one head (head())
+  s.k_a.rows = s.vt_a.rows = p.seqlen_k;
   return s;
 }
 
