@@ -7,9 +7,14 @@
 // in fp32. For Q, K, V, dO this is exact (they came from bf16); P and dS are
 // rounded to bf16 before their products, as flash-attn does on GPUs, except
 // P V of the forward's masked tiles (gemm_exact_a, see fwd_impl.hpp).
-//   A packed: bf16 (m16, k32) row-major, m16/k32 = m, k rounded up to 16/32
+//   A packed: bf16 (m16, k32), m16/k32 = m, k rounded up to 16/32, stored
+//             as 16 x 32 tiles of 1 KiB, row tiles outer: tile (i / 16,
+//             l / 32), so row i (a multiple of 16) starts at i * k32
 //   B packed: pairs (k32 / 2, n16) of bf16 words, (B[2t][j], B[2t+1][j]),
-//             the "VNNI" layout of TDPBF16PS
+//             the "VNNI" layout of TDPBF16PS, stored as 16 x 16 tiles of
+//             1 KiB, column tiles outer: tile (j / 16, t / 16)
+// Each tile load then reads one contiguous KiB (measured: +20% AMX
+// throughput over row-major packing, whose 16 rows sit a row apart).
 // Padding is zero, so padded rows and columns add nothing.
 #include <immintrin.h>
 #include <omp.h>
@@ -263,10 +268,10 @@ struct AmxKernels : Avx512Kernels {
     return a_packed;
   }
 
-  // The packed B operand, its row length in pairs and its plane size: a
+  // The packed B operand, its column tile stride (uint32) and its plane size: a
   // pinned operand, or a column window of one that starts on a 16-column
   // tile, is used as packed.
-  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& row_pairs,
+  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& col_stride,
                            int64_t& plane) {
     // Rows of a shared operand: whole rows from an even one (a multiple of
     // 16) within one chunk.
@@ -274,21 +279,21 @@ struct AmxKernels : Avx512Kernels {
       int64_t chunk = 0;
       int row = 0;
       if (op.role != OperandRole::kRowsB || !locate(op, b, chunk, row)) continue;
-      if (ldb != op.cols || n != op.cols || row % 16 != 0 || row + k32 > op.chunk_rows) continue;
-      row_pairs = op.plane_row_length() / 2;
-      plane = int64_t{op.plane_rows()} * row_pairs;
-      return reinterpret_cast<const uint32_t*>(op.chunk_packed(chunk, kPieces)) + int64_t{row / 2} * row_pairs;
+      if (ldb != op.cols || n != op.cols || row % 32 != 0 || row + k32 > op.chunk_rows) continue;
+      col_stride = int64_t{op.chunk_rows} * 8;
+      plane = int64_t{op.plane_rows()} * op.plane_row_length() / 2;
+      return reinterpret_cast<const uint32_t*>(op.chunk_packed(chunk, kPieces)) + row / 32 * 256;
     }
     for (const PinnedB& pin : pinned) {
       if (pin.source == nullptr || pin.k != k || pin.ldb != ldb || b < pin.source) continue;
       const int64_t offset = b - pin.source;
       if (offset % 16 != 0 || offset + n > pin.n) continue;
-      row_pairs = round_up(pin.n, 16);
-      plane = row_pairs * (k32 / 2);
-      return pin.packed + offset;
+      col_stride = int64_t{k32} * 8;
+      plane = round_up(pin.n, 16) * int64_t{k32 / 2};
+      return pin.packed + offset * (k32 / 2);
     }
     pack_b(k, n, b, ldb, k32, n16, b_packed);
-    row_pairs = n16;
+    col_stride = int64_t{k32} * 8;
     plane = static_cast<int64_t>(n16) * (k32 / 2);
     return b_packed;
   }
@@ -299,14 +304,14 @@ struct AmxKernels : Avx512Kernels {
     const int64_t plane = static_cast<int64_t>(m16) * k32;
     if (a_col == 1) {
       for (int i = 0; i < m16; ++i) {
-        uint16_t* dst = dst_rows + static_cast<int64_t>(i) * k32;
+        uint16_t* dst = dst_rows + static_cast<int64_t>(i / 16) * 16 * k32 + (i % 16) * 32;
         const float* src = a + i * a_row;
         for (int l = 0; l < k32; l += 32) {
           __m512 lo[kPieces], hi[kPieces];
           split_pieces<kPieces>(load_or_zero(src + l, i < m, lanes_mask(k - l)), lo);
           split_pieces<kPieces>(load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16)), hi);
           for (int piece = 0; piece < kPieces; ++piece)
-            _mm512_storeu_si512(dst + piece * plane + l,
+            _mm512_storeu_si512(dst + piece * plane + l / 32 * 512,
                                 reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi[piece], lo[piece])));
         }
       }
@@ -329,26 +334,31 @@ struct AmxKernels : Avx512Kernels {
         for (int piece = 0; piece < kPieces; ++piece) {
           transpose16x16(block[piece]);
           for (int i = 0; i < 16; ++i)
-            _mm512_storeu_si512(dst_rows + piece * plane + static_cast<int64_t>(i0 + i) * k32 + 2 * t0,
+            _mm512_storeu_si512(dst_rows + piece * plane + static_cast<int64_t>(i0) * k32 + t0 / 16 * 512 + i * 32,
                                 block[piece][i]);
         }
       }
     }
   }
 
-  // B (k, n) row-major -> dst planes (k32 / 2, n16) of pairs.
+  // B (k, n) row-major -> dst planes (k32 / 2, n16) of pairs; column tile
+  // j / 16 starts at j * k32 / 2.
   static void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_t* dst_rows) {
     const int64_t plane = static_cast<int64_t>(n16) * (k32 / 2);
-    for (int t = 0; t < k32 / 2; ++t) {
-      const int l = 2 * t;
-      uint32_t* dst = dst_rows + static_cast<int64_t>(t) * n16;
+    // One tile (16 pair rows, 16 columns) at a time: its KiB is written in
+    // order (row by row, a 4 KiB stride would alias in L1).
+    for (int t0 = 0; t0 < k32 / 2; t0 += 16) {
       for (int j = 0; j < n16; j += 16) {
         const __mmask16 mask = lanes_mask(n - j);
-        __m512 r0[kPieces], r1[kPieces];
-        split_pieces<kPieces>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
-        split_pieces<kPieces>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
-        for (int piece = 0; piece < kPieces; ++piece)
-          _mm512_storeu_si512(dst + piece * plane + j, pair_rows(r0[piece], r1[piece]));
+        uint32_t* dst = dst_rows + static_cast<int64_t>(j) * (k32 / 2) + t0 / 16 * 256;
+        for (int t = t0; t < t0 + 16; ++t) {
+          const int l = 2 * t;
+          __m512 r0[kPieces], r1[kPieces];
+          split_pieces<kPieces>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
+          split_pieces<kPieces>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
+          for (int piece = 0; piece < kPieces; ++piece)
+            _mm512_storeu_si512(dst + piece * plane + (t - t0) * 16, pair_rows(r0[piece], r1[piece]));
+        }
       }
     }
   }
@@ -358,7 +368,7 @@ struct AmxKernels : Avx512Kernels {
   // kRowTiles * kColTiles products.
   template <int kRowTiles, int kColTiles>
   void amx_block(const uint16_t* a_rows_packed, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
-                 int64_t row_pairs, int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
+                 int64_t b_col_stride, int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
     float* c00 = c + i0 * ldc + j0;
     const int64_t c_stride = ldc * 4;
     if (accumulate) {
@@ -372,18 +382,17 @@ struct AmxKernels : Avx512Kernels {
       if (kRowTiles > 1) _tile_zero(2);
       if (kRowTiles > 1 && kColTiles > 1) _tile_zero(3);
     }
-    const int64_t a_stride = static_cast<int64_t>(a_row_length) * 2;
-    const int64_t b_stride = row_pairs * 4;
+    constexpr int64_t kTileStride = 64;  // bytes per tile row: tiles are contiguous
     const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * a_row_length;
-    const uint32_t* b_cols = b_pairs + j0;
+    const uint32_t* b_cols = b_pairs + static_cast<int64_t>(j0 / 16) * b_col_stride;
     const auto load_a = [&](int piece, int l) {
-      _tile_loadd(4, a_rows + piece * a_plane + l, a_stride);
-      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * a_row_length + l, a_stride);
+      _tile_loadd(4, a_rows + piece * a_plane + l / 32 * 512, kTileStride);
+      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * a_row_length + l / 32 * 512, kTileStride);
     };
     const auto load_b = [&](int piece, int l) {
-      const uint32_t* b_rows = b_cols + piece * b_plane + static_cast<int64_t>(l / 2) * row_pairs;
-      _tile_loadd(6, b_rows, b_stride);
-      if (kColTiles > 1) _tile_loadd(7, b_rows + 16, b_stride);
+      const uint32_t* b_tile = b_cols + piece * b_plane + l / 32 * 256;
+      _tile_loadd(6, b_tile, kTileStride);
+      if (kColTiles > 1) _tile_loadd(7, b_tile + b_col_stride, kTileStride);
     };
     const auto multiply = [] {
       _tile_dpbf16ps(0, 4, 6);
@@ -419,8 +428,8 @@ struct AmxKernels : Avx512Kernels {
     int a_row_length = 0;
     int64_t a_plane = 0;
     const uint16_t* a_pieces = packed_a(m, k, a, a_row, a_col, m16, k32, a_row_length, a_plane);
-    int64_t row_pairs = 0, b_plane = 0;
-    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, row_pairs, b_plane);
+    int64_t b_col_stride = 0, b_plane = 0;
+    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, b_col_stride, b_plane);
     // Tiles write whole 16 x 16 blocks: straight into C when they fit its
     // rows and columns, else through the staging tile. Padded staging
     // elements hold stale values; each output element depends only on its
@@ -433,7 +442,7 @@ struct AmxKernels : Avx512Kernels {
 
     static const AmxTileConfig config;
     _tile_loadconfig(&config);
-    run_blocks(a_pieces, a_row_length, a_plane, b_pairs, row_pairs, b_plane, m16, n16, k32, target, ld, accumulate);
+    run_blocks(a_pieces, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, m16, n16, k32, target, ld, accumulate);
     _tile_release();
     if (!direct)
       for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
@@ -480,25 +489,25 @@ struct AmxKernels : Avx512Kernels {
   }
 
   void run_blocks(const uint16_t* a_rows, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
-                  int64_t row_pairs, int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld,
+                  int64_t b_col_stride, int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld,
                   bool accumulate) {
     int i0 = 0;
     for (; i0 + 32 <= m16; i0 += 32) {
       int j0 = 0;
       for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<2, 2>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+        amx_block<2, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
                         accumulate);
       if (j0 < n16)
-        amx_block<2, 1>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+        amx_block<2, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
                         accumulate);
     }
     if (i0 < m16) {
       int j0 = 0;
       for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<1, 2>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+        amx_block<1, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
                         accumulate);
       if (j0 < n16)
-        amx_block<1, 1>(a_rows, a_row_length, a_plane, b_pairs, row_pairs, b_plane, i0, j0, k32, target, ld,
+        amx_block<1, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
                         accumulate);
     }
   }
