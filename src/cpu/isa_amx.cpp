@@ -180,8 +180,10 @@ void split_pieces(__m512 x, __m512 pieces[kPieces]) {
   }
 }
 
+// bf16 tensors (kPieces = 1) take the cheaper exp2 (avx512_kernels.hpp).
 template <int kPieces>
-struct AmxKernels : Avx512Kernels {
+struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
+  using Base = Avx512KernelSet<kPieces == 1 ? 4 : 6>;
   using Products = SplitProducts<kPieces>;
   // A packed operand is kPieces planes of the layout above, one per piece.
   struct PinnedB {
@@ -197,7 +199,7 @@ struct AmxKernels : Avx512Kernels {
   PinnedB pinned[kPinnedOperands];
   SharedOperand shared[kSharedOperands];  // packed once by the team (scratch.hpp)
 
-  explicit AmxKernels(void* scratch) : Avx512Kernels(scratch) {
+  explicit AmxKernels(void* scratch) : Base(scratch) {
     ScratchArena arena(static_cast<char*>(scratch));
     const size_t b_bytes = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * kPieces;
     a_packed = static_cast<uint16_t*>(arena.take_bytes(size_t{kMaxGemmRows} * kMaxGemmDim * 2 * kPieces));
