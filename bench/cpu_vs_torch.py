@@ -8,6 +8,7 @@ fwd+bwd 3.5x fwd). Prints a table and writes JSON.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,14 +25,18 @@ SHAPES = [(1, 16, 4096, 128), (4, 8, 1024, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def median_seconds(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
+def interleaved_medians(fns, reps):
+    """Median seconds of each function, repetitions interleaved (a, b, a, b, ...) after one warm-up
+    each, so that load from other processes on a shared machine hits both sides alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
 
 
 def run_case(fa, b, h, n, d, dtype, causal, threads, reps):
@@ -62,10 +67,8 @@ def run_case(fa, b, h, n, d, dtype, causal, threads, reps):
         fa.bwd(bwd_args)
 
     row = {"B": b, "H": h, "N": n, "D": d, "dtype": str(dtype).split(".")[-1], "causal": causal, "threads": threads}
-    row["torch_fwd_s"] = median_seconds(torch_fwd, reps)
-    row["ours_fwd_s"] = median_seconds(lambda: fa.fwd(fwd_args), reps)
-    row["torch_fwdbwd_s"] = median_seconds(torch_fwdbwd, reps)
-    row["ours_fwdbwd_s"] = median_seconds(ours_fwdbwd, reps)
+    row["torch_fwd_s"], row["ours_fwd_s"] = interleaved_medians([torch_fwd, lambda: fa.fwd(fwd_args)], reps)
+    row["torch_fwdbwd_s"], row["ours_fwdbwd_s"] = interleaved_medians([torch_fwdbwd, ours_fwdbwd], reps)
     # Same function: our output against torch's, in fp32.
     row["max_abs_diff_vs_torch"] = (out.float() - torch_fwd().float()).abs().max().item()
     flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
@@ -82,18 +85,24 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--shapes", default="all", help="'all' or a comma list of indices into SHAPES")
+    parser.add_argument("--causal", default="both", choices=["both", "no", "yes"])
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.reps}", flush=True)
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.reps} interleaved, "
+          f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     header = f"{'B,H,N,D':<14} {'dtype':<9} {'causal':<6} | {'torch fwd':>9} {'ours fwd':>9} {'x':>5} | " \
              f"{'torch f+b':>9} {'ours f+b':>9} {'x':>5} | {'max diff':>8}"
     print(header)
     fa = FlashAttn()
     rows = []
-    for b, h, n, d in SHAPES:
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
+    for b, h, n, d in shapes:
         for name in args.dtypes.split(","):
-            for causal in (False, True):
+            for causal in causals:
                 r = run_case(fa, b, h, n, d, DTYPES[name], causal, args.threads, args.reps)
                 rows.append(r)
                 print(f"{f'{b},{h},{n},{d}':<14} {r['dtype']:<9} {str(causal):<6} | {r['torch_fwd_gflops']:9.1f} "
@@ -101,7 +110,10 @@ def main():
                       f"{r['ours_fwdbwd_gflops']:9.1f} {r['fwdbwd_speedup']:5.2f} | {r['max_abs_diff_vs_torch']:8.1e}",
                       flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "results": rows}, indent=1))
+        end_load = os.getloadavg()
+        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "load_start": load, "load_end": end_load,
+                                               "reps": args.reps, "results": rows}, indent=1))
+    print(f"load at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cpu/scratch.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -57,19 +58,31 @@ void gemm_block(int k, const float* a, int64_t a_row, int64_t a_col, const float
   }
 }
 
-// 2^x as 2^n * p(f), n = round(x), f in [-1/2, 1/2], p the degree-6 Taylor
-// polynomial of 2^f (relative error ~1.2e-7). x is clamped at -160 so that
-// -inf gives exactly 0 through vscalefps instead of NaN; NaN stays NaN.
+// 2^x as 2^n * p(f), n = round(x), f in [-1/2, 1/2]. kDegree 6: p the
+// Taylor polynomial of 2^f (relative error ~1.2e-7, fp32's level); kDegree 4:
+// a minimax fit with p(0) = 1 (relative error 2.9e-6, for bf16 tensors whose
+// P is rounded to bf16, 2^-9, before its products). x is clamped at -160 so
+// that -inf gives exactly 0 through vscalefps instead of NaN; NaN stays NaN.
+template <int kDegree>
 __m512 exp2_ps(__m512 x) {
+  static_assert(kDegree == 6 || kDegree == 4, "exp2_ps: degree 6 or 4");
   x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  __m512 p;
+  if constexpr (kDegree == 6) {
+    p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  } else {
+    p = _mm512_set1_ps(9.5828517127e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426650e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024098652e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312419305e-01f));
+  }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
@@ -101,10 +114,15 @@ void gemm_rest(int rows, int k, const float* a, int64_t a_row, int64_t a_col, co
   }
 }
 
-struct Avx512Kernels {
-  explicit Avx512Kernels(void* /*scratch: unused*/) {}
+template <int kExp2Degree>
+struct Avx512KernelSet {
+  explicit Avx512KernelSet(void* /*scratch: unused*/) {}
   void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
   void unpin_b(int /*slot*/) {}
+  // No packed layouts here: shared operands are read as staged.
+  static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
+  void share(int /*slot*/, const SharedOperand& /*op*/) {}
+  void unshare(int /*slot*/) {}
 
   static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                    float* c, int64_t ldc, bool accumulate) {
@@ -127,12 +145,17 @@ struct Avx512Kernels {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
+  static void gemm_exact_b(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, float* b, int64_t ldb,
+                           float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+  }
+
   static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
     const __m512 factor = _mm512_set1_ps(mul);
     for (int i = 0; i < n; i += 16) {
       const __mmask16 mask = lanes_mask(n - i);
       const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
-      _mm512_mask_storeu_ps(x + i, mask, exp2_ps(v));
+      _mm512_mask_storeu_ps(x + i, mask, exp2_ps<kExp2Degree>(v));
     }
   }
 
@@ -141,7 +164,7 @@ struct Avx512Kernels {
     for (int i = 0; i < n; i += 16) {
       const __mmask16 mask = lanes_mask(n - i);
       const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
-      const __m512 e = exp2_ps(v);
+      const __m512 e = exp2_ps<kExp2Degree>(v);
       _mm512_mask_storeu_ps(x + i, mask, e);
       _mm512_mask_storeu_ps(sum + i, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, sum + i), e));
     }
@@ -153,7 +176,7 @@ struct Avx512Kernels {
     for (int i = 0; i < n; i += 16) {
       const __mmask16 mask = lanes_mask(n - i);
       const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, subtrahend);
-      _mm512_mask_storeu_ps(x + i, mask, exp2_ps(v));
+      _mm512_mask_storeu_ps(x + i, mask, exp2_ps<kExp2Degree>(v));
     }
   }
 
@@ -193,6 +216,9 @@ struct Avx512Kernels {
     }
   }
 };
+
+// fp32 accuracy: the kernel set of fp32 and fp16 tensors.
+using Avx512Kernels = Avx512KernelSet<6>;
 
 }  // namespace
 }  // namespace cpu

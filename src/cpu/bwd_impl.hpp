@@ -94,90 +94,118 @@ void stage_step(const BwdParams& p, const StagedQ& sq, const StagedKv& kv, const
   }
 }
 
-// Adds query head h's contribution to dK, dV of keys [k0, k0 + nk) of its kv
-// head; the first head of the group starts the sums, the last stores them.
+// Adds query head h's contribution to dK, dV of the K/V tiles of its kv head
+// from key k_begin on (kKvTilesPerItem of them, fewer at the end); the first
+// head of the group starts the sums, the last stores them. Per Q tile, its Q
+// and dO are packed once (AMX) for all the item's K/V tiles.
 template <class Isa>
-void bwd_kv_tile(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const StagedQ& sq, const Sequence& seq,
-                 int64_t b, int64_t h, int64_t k0, bool first_head, bool last_head) {
-  const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+void bwd_kv_tiles(Isa& isa, const BwdParams& p, const BwdKvScratch& w, const StagedQ& sq, const Sequence& seq,
+                  int64_t b, int64_t h, int64_t k_begin, bool first_head, bool last_head) {
   const int d = static_cast<int>(p.head_dim);
   const int dv = static_cast<int>(p.head_dim_v);
   const int64_t h_kv = h / (p.heads / p.heads_kv);
-  float* dk = sq.dk + k0 * d;    // (nk, d)
-  float* dv_acc = sq.dv + k0 * dv;  // (nk, dv)
-  if (first_head) {
-    std::fill(dk, dk + static_cast<int64_t>(nk) * d, 0.0f);
-    std::fill(dv_acc, dv_acc + static_cast<int64_t>(nk) * dv, 0.0f);
-  }
-  load_tile_transposed<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), k0, nk, d, w.k_t, kBlockN,
-                            w.row_tmp);
-  load_tile_transposed<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), k0, nk, dv, w.v_t, kBlockN,
-                            w.row_tmp);
-  isa.pin_b(0, w.k_t, d, nk, kBlockN);
-  isa.pin_b(1, w.v_t, dv, nk, kBlockN);
-
+  const int tiles = static_cast<int>(std::min<int64_t>(kKvTilesPerItem, ceil_div(seq.seqlen_k - k_begin, kBlockN)));
   const ScoreContext ctx = score_context(p, seq, b, h);
   const MaskPolicy& mask = ctx.mask;
-  // Query rows that can see a key of [k0, k0 + nk): the inverse of key_begin/key_end.
-  int64_t row_begin = mask.window_right >= 0 ? k0 - mask.shift - mask.window_right : 0;
-  int64_t row_end = mask.window_left >= 0 ? k0 + nk - mask.shift + mask.window_left : seq.seqlen_q;
-  row_begin = std::max<int64_t>(row_begin, 0);
-  row_end = std::min<int64_t>(row_end, seq.seqlen_q);
+  int64_t row_begin = seq.seqlen_q, row_end = 0;
+  for (int t = 0; t < tiles; ++t) {
+    const int64_t k0 = k_begin + t * kBlockN;
+    const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+    if (first_head) {
+      std::fill(sq.dk + k0 * d, sq.dk + (k0 + nk) * d, 0.0f);
+      std::fill(sq.dv + k0 * dv, sq.dv + (k0 + nk) * dv, 0.0f);
+    }
+    float* k_t = w.k_t + t * d * kBlockN;    // (d, nk)
+    float* v_t = w.v_t + t * dv * kBlockN;  // (dv, nk)
+    load_tile_transposed<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv), k0, nk, d, k_t, kBlockN,
+                              w.row_tmp);
+    load_tile_transposed<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), k0, nk, dv, v_t, kBlockN,
+                              w.row_tmp);
+    isa.pin_b(2 * t, k_t, d, nk, kBlockN);
+    isa.pin_b(2 * t + 1, v_t, dv, nk, kBlockN);
+    // Query rows that can see a key of [k0, k0 + nk): the inverse of key_begin/key_end.
+    const int64_t first = mask.window_right >= 0 ? k0 - mask.shift - mask.window_right : 0;
+    const int64_t last = mask.window_left >= 0 ? k0 + nk - mask.shift + mask.window_left : seq.seqlen_q;
+    row_begin = std::min(row_begin, std::max<int64_t>(first, 0));
+    row_end = std::max(row_end, std::min<int64_t>(last, seq.seqlen_q));
+  }
 
   for (int64_t m0 = row_begin / kBlockM * kBlockM; m0 < row_end; m0 += kBlockM) {
     const int mq = static_cast<int>(std::min<int64_t>(kBlockM, seq.seqlen_q - m0));
-    if (mask.key_begin(m0) >= k0 + nk || mask.key_end(m0 + mq) <= k0) continue;
-    const bool masked = !mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
-    const QueryRange queries = masked ? visible_queries(mask, m0, mq, k0, nk) : QueryRange{0, mq};
-    const int64_t q0 = m0 + queries.lo;  // first query row of the tile that sees a key
-    const int nq = queries.hi - queries.lo;
-    if (nq == 0) continue;
-    const float* q = sq.q + q0 * d;        // (nq, d)
-    const float* dout = sq.dout + q0 * dv;  // (nq, dv)
-    const float* lse2 = sq.lse2 + q0;
-    const float* delta = sq.delta + q0;
-
-    isa.gemm(nq, nk, d, q, d, 1, w.k_t, kBlockN, w.s, kBlockN, false);  // S (nq, nk)
-    const float factor = shape_scores<false>(w.s, kBlockN, ctx, q0, nq, k0, nk, masked, w.tanh);
-    for (int i = 0; i < nq; ++i) isa.exp2_sub_scalar(w.s + i * kBlockN, nk, factor, lse2[i]);  // P
-    isa.gemm(nq, nk, dv, dout, dv, 1, w.v_t, kBlockN, w.dp, kBlockN, false);  // dO V^T (nq, nk)
-
-    // 0/1 mask: P^T dO takes the mask, 1/(1-p) scales dV at the store.
-    if (ctx.dropout.enabled) dropout_factors<false>(w.drop, kBlockN, ctx, q0, nq, k0, nk, 1.0f);
-    const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
-    for (int i = 0; i < nq; ++i) {
-      const float row_delta = delta[i];
-      float* s_row = w.s + i * kBlockN;
-      float* dp_row = w.dp + i * kBlockN;
-      if (ctx.dropout.enabled) {
-        const float* drop_row = w.drop + i * kBlockN;
-        for (int j = 0; j < nk; ++j) {
-          const float prob = s_row[j];
-          dp_row[j] = prob * (dp_row[j] * (drop_row[j] * kept) - row_delta);
-          s_row[j] = prob * drop_row[j];
-        }
-      } else {
-        for (int j = 0; j < nk; ++j) dp_row[j] = s_row[j] * (dp_row[j] - row_delta);
-      }
-      if (w.tanh != nullptr) {
-        const float* t_row = w.tanh + i * kBlockN;
-        for (int j = 0; j < nk; ++j) dp_row[j] *= 1.0f - t_row[j] * t_row[j];
-      }
+    SharedOperand q_tile_operands[4] = {w.q_a, w.dout_a, w.q_b, w.dout_b};
+    for (int slot = 0; slot < 4; ++slot) {
+      SharedOperand& op = q_tile_operands[slot];
+      op.source = (slot % 2 == 0 ? sq.q + m0 * d : sq.dout + m0 * dv);
+      op.rows = mq;
+      if (op.packed != nullptr) Isa::pack_chunk(op, 0, mq);
+      isa.share(slot, op);
     }
-    // dV += P^T dO (nk, dv), with P kept exact where rows see few keys, as
-    // the forward's P V (fwd_impl.hpp).
-    if (masked && sees_few_keys(mask, q0, nq))
-      isa.gemm_exact_a(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv);
-    else
-      isa.gemm(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv, true);
-    isa.gemm(nk, d, nq, w.dp, 1, kBlockN, q, d, dk, d, true);          // dK += dS^T Q (nk, d)
+    for (int t = 0; t < tiles; ++t) {
+      const int64_t k0 = k_begin + t * kBlockN;
+      const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+      if (mask.key_begin(m0) >= k0 + nk || mask.key_end(m0 + mq) <= k0) continue;
+      const float* k_t = w.k_t + t * d * kBlockN;
+      const float* v_t = w.v_t + t * dv * kBlockN;
+      float* dk = sq.dk + k0 * d;       // (nk, d)
+      float* dv_acc = sq.dv + k0 * dv;  // (nk, dv)
+      const bool masked = !mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
+      const QueryRange queries = masked ? visible_queries(mask, m0, mq, k0, nk) : QueryRange{0, mq};
+      const int64_t q0 = m0 + queries.lo;  // first query row of the tile that sees a key
+      const int nq = queries.hi - queries.lo;
+      if (nq == 0) continue;
+      const float* q = sq.q + q0 * d;        // (nq, d)
+      const float* dout = sq.dout + q0 * dv;  // (nq, dv)
+      const float* lse2 = sq.lse2 + q0;
+      const float* delta = sq.delta + q0;
+
+      isa.gemm(nq, nk, d, q, d, 1, k_t, kBlockN, w.s, kBlockN, false);  // S (nq, nk)
+      const float factor = shape_scores<false>(w.s, kBlockN, ctx, q0, nq, k0, nk, masked, w.tanh);
+      for (int i = 0; i < nq; ++i) isa.exp2_sub_scalar(w.s + i * kBlockN, nk, factor, lse2[i]);  // P
+      isa.gemm(nq, nk, dv, dout, dv, 1, v_t, kBlockN, w.dp, kBlockN, false);  // dO V^T (nq, nk)
+
+      // 0/1 mask: P^T dO takes the mask, 1/(1-p) scales dV at the store.
+      if (ctx.dropout.enabled) dropout_factors<false>(w.drop, kBlockN, ctx, q0, nq, k0, nk, 1.0f);
+      const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
+      for (int i = 0; i < nq; ++i) {
+        const float row_delta = delta[i];
+        float* s_row = w.s + i * kBlockN;
+        float* dp_row = w.dp + i * kBlockN;
+        if (ctx.dropout.enabled) {
+          const float* drop_row = w.drop + i * kBlockN;
+          for (int j = 0; j < nk; ++j) {
+            const float prob = s_row[j];
+            dp_row[j] = prob * (dp_row[j] * (drop_row[j] * kept) - row_delta);
+            s_row[j] = prob * drop_row[j];
+          }
+        } else {
+          for (int j = 0; j < nk; ++j) dp_row[j] = s_row[j] * (dp_row[j] - row_delta);
+        }
+        if (w.tanh != nullptr) {
+          const float* t_row = w.tanh + i * kBlockN;
+          for (int j = 0; j < nk; ++j) dp_row[j] *= 1.0f - t_row[j] * t_row[j];
+        }
+      }
+      // dV += P^T dO (nk, dv), with P kept exact where rows see few keys, as
+      // the forward's P V (fwd_impl.hpp).
+      if (masked && sees_few_keys(mask, q0, nq))
+        isa.gemm_exact_a(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv);
+      else
+        isa.gemm(nk, dv, nq, w.s, 1, kBlockN, dout, dv, dv_acc, dv, true);
+      isa.gemm(nk, d, nq, w.dp, 1, kBlockN, q, d, dk, d, true);          // dK += dS^T Q (nk, d)
+    }
+    for (int slot = 0; slot < 4; ++slot) isa.unshare(slot);
   }
-  isa.unpin_b(0);
-  isa.unpin_b(1);
+  for (int slot = 0; slot < 2 * tiles; ++slot) isa.unpin_b(slot);
   if (last_head) {
-    store_tile<Isa>(p.dk, p.dtype, p.dk_layout, b, seq.k_row0 + k0, h_kv, nk, d, dk, d, p.softmax_scale, w.row_tmp);
     const float kept = p.dropout.enabled ? p.dropout.keep_scale : 1.0f;
-    store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0 + k0, h_kv, nk, dv, dv_acc, dv, kept, w.row_tmp);
+    for (int t = 0; t < tiles; ++t) {
+      const int64_t k0 = k_begin + t * kBlockN;
+      const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
+      store_tile<Isa>(p.dk, p.dtype, p.dk_layout, b, seq.k_row0 + k0, h_kv, nk, d, sq.dk + k0 * d, d,
+                      p.softmax_scale, w.row_tmp);
+      store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0 + k0, h_kv, nk, dv, sq.dv + k0 * dv, dv, kept,
+                      w.row_tmp);
+    }
   }
 }
 
@@ -275,7 +303,7 @@ fa_status run_bwd(const BwdParams& p, void* workspace) {
   int64_t max_items = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     const Sequence seq = sequence_of(p, b);
-    max_items = std::max(max_items, ceil_div(seq.seqlen_k, kBlockN) + group * ceil_div(seq.seqlen_q, kBlockM));
+    max_items = std::max(max_items, ceil_div(seq.seqlen_k, kBlockN * kKvTilesPerItem) + group * ceil_div(seq.seqlen_q, kBlockM));
   }
   const int team = team_size(p, max_items);
 #pragma omp parallel num_threads(team) if (team > 1)
@@ -289,7 +317,7 @@ fa_status run_bwd(const BwdParams& p, void* workspace) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const Sequence seq = sequence_of(p, b);
       const int64_t q_tiles = ceil_div(seq.seqlen_q, kBlockM);
-      const int64_t kv_tiles = ceil_div(seq.seqlen_k, kBlockN);
+      const int64_t kv_items = ceil_div(seq.seqlen_k, kBlockN * kKvTilesPerItem);
       for (int64_t h_kv = 0; h_kv < p.heads_kv; ++h_kv, ++step) {
         const StagedQ& sq = staged_q[step % 2];
         const StagedKv& kv = staged_kv[step % 2];
@@ -297,19 +325,20 @@ fa_status run_bwd(const BwdParams& p, void* workspace) {
         stage_step<Isa>(p, sq, kv, seq, b, h0, true, kv_w.row_tmp);
         for (int64_t g = 0; g + 1 < group; ++g) {
 #pragma omp for schedule(dynamic, 1)
-          for (int64_t kv_tile = 0; kv_tile < kv_tiles; ++kv_tile)
-            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + g, kv_tile * kBlockN, g == 0, false);
+          for (int64_t kv_item = 0; kv_item < kv_items; ++kv_item)
+            bwd_kv_tiles<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + g, kv_item * kKvTilesPerItem * kBlockN, g == 0, false);
           stage_step<Isa>(p, sq, kv, seq, b, h0 + g + 1, false, kv_w.row_tmp);
         }
         // Pass-1 items first (under a causal mask the first K/V tiles see
         // the most queries), then dQ items, last Q tiles first.
 #pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t item = 0; item < kv_tiles + group * q_tiles; ++item) {
-          if (item < kv_tiles) {
-            bwd_kv_tile<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + group - 1, item * kBlockN, group == 1, true);
+        for (int64_t item = 0; item < kv_items + group * q_tiles; ++item) {
+          if (item < kv_items) {
+            bwd_kv_tiles<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + group - 1, item * kKvTilesPerItem * kBlockN,
+                              group == 1, true);
             continue;
           }
-          const int64_t q_item = item - kv_tiles;
+          const int64_t q_item = item - kv_items;
           const int64_t q_tile = q_tiles - 1 - q_item % q_tiles;
           bwd_q_tile<Isa>(q_isa, p, q_w, kv, seq, b, h0 + q_item / q_tiles, q_tile * kBlockM);
         }

@@ -28,10 +28,12 @@ IsaLevel isa_level() {
   return level;
 }
 
-// AMX multiplies bf16 only; fp32 and fp16 stay on AVX-512 FMAs.
+// AMX multiplies bf16: bf16 tensors directly, fp32 as split bf16 pieces;
+// fp16 stays on AVX-512 FMAs.
 IsaBackend selected_backend(const AttnParams& p) {
   const IsaLevel level = isa_level();
   if (level == IsaLevel::kAmx && p.dtype == FA_DTYPE_BF16) return amx_backend();
+  if (level == IsaLevel::kAmx && p.dtype == FA_DTYPE_FP32) return amx_split_backend();
   return level == IsaLevel::kGeneric ? generic_backend() : avx512_backend();
 }
 

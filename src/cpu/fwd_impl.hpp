@@ -7,7 +7,11 @@
 //   S^T = K Q^T          (kBlockN, kBlockM), key-major so that the row-wise
 //                        softmax statistics are vertical vector operations
 //   online softmax       running max m and sum l per query in fp32, log2 units
-//   O  = alpha * O + P V (kBlockM, Dv)
+//   O^T = O^T * alpha + V^T P^T (Dv, kBlockM), transposed like S^T: P^T is
+//                        S^T's storage, the rescale a vector op per row of
+//                        O^T, and with AMX P^T is a B operand packed by
+//                        pairing rows, K and V^T A operands packed once per
+//                        step (stage_kv)
 // and O is divided by l once at the end. Invariant after each tile: for every
 // query, O = sum_j exp2(s_j - m) v_j and l = sum_j exp2(s_j - m) over the keys
 // seen so far; a new maximum m' rescales both by alpha = exp2(m - m').
@@ -37,9 +41,11 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
   load_tile_transposed<Isa>(q_rows, m0, mq, d, w.q_t, kBlockM, w.row_tmp);
   isa.pin_b(0, w.q_t, d, mq, kBlockM);
 
-  std::fill(w.o, w.o + static_cast<int64_t>(mq) * dv, 0.0f);
+  for (int c = 0; c < dv; ++c) std::fill(w.o_t + c * kBlockM, w.o_t + c * kBlockM + mq, 0.0f);
   std::fill(w.row_max, w.row_max + mq, kNegInf);
   std::fill(w.row_sum, w.row_sum + mq, 0.0f);
+  isa.share(0, kv.k_a);
+  isa.share(1, kv.vt_a);
 
   // Tiles stay on the kBlockN grid (dropout needs k0 % 4 == 0); tiles fully
   // outside [key_begin, key_end) are never visited.
@@ -48,7 +54,7 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
   for (int64_t k0 = key_begin / kBlockN * kBlockN; k0 < key_end; k0 += kBlockN) {
     const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - k0));
     const float* k_tile = kv.k + k0 * d;   // (nk, d)
-    const float* v_tile = kv.v + k0 * dv;  // (nk, dv)
+    const float* v_tile = kv.v + k0 * dv;  // (nk, dv); read as V^T (dv, nk)
     const bool masked = !ctx.mask.tile_fully_visible(m0, m0 + mq, k0, k0 + nk);
     // On a masked tile only some queries see one of its keys; the others
     // keep their state untouched.
@@ -61,7 +67,7 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     float* row_sum = w.row_sum + q_lo;
     float* tile_max = w.tile_max + q_lo;
     float* alpha = w.alpha + q_lo;
-    float* o = w.o + static_cast<int64_t>(q_lo) * dv;  // (nq, dv)
+    float* o_t = w.o_t + q_lo;  // (dv, nq), ld kBlockM
     isa.gemm(nk, nq, d, k_tile, d, 1, w.q_t + q_lo, kBlockM, s_t, kBlockM, false);  // S^T (nk, nq)
     const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, nullptr);
 
@@ -74,8 +80,10 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     // that has seen no visible key keeps m = -inf: alpha = exp2(-inf) = 0
     // (its O and l are 0 anyway), and the subtrahend 0 instead of -inf keeps
     // exp2(s - m') at 0 rather than NaN.
+    bool rescale = false;
     for (int i = 0; i < nq; ++i) {
       const float new_max = std::max(row_max[i], tile_max[i] * factor);
+      rescale = rescale || new_max != row_max[i];
       alpha[i] = row_max[i];
       row_max[i] = new_max;
       tile_max[i] = new_max == kNegInf ? 0.0f : new_max;  // now the subtrahend
@@ -83,10 +91,12 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     isa.exp2_sub_vec(alpha, nq, 1.0f, tile_max);
     for (int i = 0; i < nq; ++i) row_sum[i] *= alpha[i];
     for (int j = 0; j < nk; ++j) isa.exp2_sub_vec_sum(s_t + j * kBlockM, nq, factor, tile_max, row_sum);
-    for (int i = 0; i < nq; ++i) {
-      if (alpha[i] == 1.0f) continue;  // the common case once the maxima settle
-      float* o_row = o + static_cast<int64_t>(i) * dv;
-      for (int c = 0; c < dv; ++c) o_row[c] *= alpha[i];
+    // Once the maxima settle (the common case) no alpha differs from 1.
+    if (rescale) {
+      for (int c = 0; c < dv; ++c) {
+        float* o_row = o_t + c * kBlockM;
+        for (int i = 0; i < nq; ++i) o_row[i] *= alpha[i];
+      }
     }
     // The normalizer l uses the undropped P; only P V sees the dropout mask.
     if (ctx.dropout.enabled) {
@@ -95,27 +105,31 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
       for (int j = 0; j < nk; ++j)
         for (int i = 0; i < nq; ++i) s_t[j * kBlockM + i] *= drop[j * kBlockM + i];
     }
-    // O += P V (nq, dv). A row that sees only a few keys would, with P
+    // O^T += V^T P^T (dv, nq). A row that sees only a few keys would, with P
     // rounded to bf16, get an O off the fp32 normalizer l by up to 2^-9 in
     // one direction; the backward's D = dO . O then breaks sum_j dS_j = 0 of
     // that row and dQ, dK pick up the error (2x the bf16 reference on
     // top-left causal, Sq != Sk). Over many keys the rounding averages out.
     if (masked && sees_few_keys(ctx.mask, m0 + q_lo, nq))
-      isa.gemm_exact_a(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv);
+      isa.gemm_exact_b(dv, nq, nk, v_tile, 1, dv, s_t, kBlockM, o_t, kBlockM);
     else
-      isa.gemm(nq, dv, nk, s_t, 1, kBlockM, v_tile, dv, o, dv, true);
+      isa.gemm(dv, nq, nk, v_tile, 1, dv, s_t, kBlockM, o_t, kBlockM, true);
   }
   isa.unpin_b(0);
+  isa.unshare(0);
+  isa.unshare(1);
 
   // 1/(1-p) of the kept probabilities, factored out of P V (dropout_factors).
   const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
   for (int i = 0; i < mq; ++i) {
     const float sum = w.row_sum[i];
-    const float inv = sum == 0.0f ? 0.0f : kept / sum;  // a NaN sum (NaN input) stays NaN
-    float* o_row = w.o + static_cast<int64_t>(i) * dv;
-    for (int c = 0; c < dv; ++c) o_row[c] *= inv;
+    w.alpha[i] = sum == 0.0f ? 0.0f : kept / sum;  // a NaN sum (NaN input) stays NaN
   }
-  store_tile<Isa>(p.o, p.dtype, p.o_layout, b, seq.q_row0 + m0, h, mq, dv, w.o, dv, 1.0f, w.row_tmp);
+  for (int c = 0; c < dv; ++c) {
+    float* o_row = w.o_t + c * kBlockM;
+    for (int i = 0; i < mq; ++i) o_row[i] *= w.alpha[i];
+  }
+  store_tile_transposed<Isa>(p.o, p.dtype, p.o_layout, b, seq.q_row0 + m0, h, mq, dv, w.o_t, kBlockM, w.row_tmp);
   if (p.lse != nullptr) {
     float* lse = p.lse + b * p.lse_layout.batch + (seq.q_row0 + m0) * p.lse_layout.row + h * p.lse_layout.head;
     for (int i = 0; i < mq; ++i) {

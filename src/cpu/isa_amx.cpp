@@ -1,14 +1,20 @@
-// The AMX kernel set for bf16 tensors: the AVX-512 kernels with a gemm that
-// runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 * 32x16 bf16).
+// The AMX kernel sets for bf16 and fp32 tensors: the AVX-512 kernels with a
+// gemm that runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 * 32x16
+// bf16); for fp32 on operands split into three bf16 pieces (AmxKernels<3>).
 //
 // The algorithm hands gemm fp32 tiles; gemm converts its operands to bf16
 // (round to nearest even) into the packed layouts AMX reads and accumulates
 // in fp32. For Q, K, V, dO this is exact (they came from bf16); P and dS are
 // rounded to bf16 before their products, as flash-attn does on GPUs, except
 // P V of the forward's masked tiles (gemm_exact_a, see fwd_impl.hpp).
-//   A packed: bf16 (m16, k32) row-major, m16/k32 = m, k rounded up to 16/32
+//   A packed: bf16 (m16, k32), m16/k32 = m, k rounded up to 16/32, stored
+//             as 16 x 32 tiles of 1 KiB, row tiles outer: tile (i / 16,
+//             l / 32), so row i (a multiple of 16) starts at i * k32
 //   B packed: pairs (k32 / 2, n16) of bf16 words, (B[2t][j], B[2t+1][j]),
-//             the "VNNI" layout of TDPBF16PS
+//             the "VNNI" layout of TDPBF16PS, stored as 16 x 16 tiles of
+//             1 KiB, column tiles outer: tile (j / 16, t / 16)
+// Each tile load then reads one contiguous KiB (measured: +20% AMX
+// throughput over row-major packing, whose 16 rows sit a row apart).
 // Padding is zero, so padded rows and columns add nothing.
 #include <immintrin.h>
 #include <omp.h>
@@ -127,7 +133,59 @@ __m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
   return present ? _mm512_maskz_loadu_ps(mask, row) : _mm512_setzero_ps();
 }
 
-struct AmxKernels : Avx512Kernels {
+// kPieces = 1: bf16 tensors, each operand rounded to bf16 (exact for Q, K,
+// V, dO). kPieces = 3: fp32 tensors, each operand split without error into
+// x = x0 + x1 + x2 (+ r) with bf16 pieces, x0 = bf16(x), x1 = bf16(x - x0),
+// x2 = bf16(x - x0 - x1): every rounding to nearest leaves at most 2^-8 of
+// what it rounds, so |r| <= 2^-24 |x|, fp32's own unit roundoff. A B is then
+// the sum of the 6 piece products whose size is >= 2^-16 |A B| (the 3
+// dropped ones are <= 2^-24 |A B|, like fp32 rounding). Products of bf16 are
+// exact in fp32 and TDPBF16PS accumulates in fp32, so the result carries the
+// error of an fp32 sum of 6 k terms. The 5 small products go first, over
+// all of k, while the running sum is small (its roundings are then 2^-8 of
+// the main sum's), and the main one x0 y0 last. Within a k step the small
+// ones are ordered so that each reloads only one operand piece.
+template <int kPieces>
+struct SplitProducts;
+template <>
+struct SplitProducts<1> {
+  static constexpr int kSmall = 0;
+  static constexpr int a[1] = {0};
+  static constexpr int b[1] = {0};
+};
+template <>
+struct SplitProducts<3> {
+  static constexpr int kSmall = 5;
+  static constexpr int a[5] = {2, 1, 1, 0, 0};
+  static constexpr int b[5] = {0, 0, 1, 1, 2};
+};
+
+__m512 round_to_bf16(__m512 x) { return bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))); }
+
+// The bf16 pieces of x, as fp32 lanes. An infinite or NaN x0 takes all of
+// x, and the other pieces are 0 (inf - inf would make them NaN).
+template <int kPieces>
+void split_pieces(__m512 x, __m512 pieces[kPieces]) {
+  if constexpr (kPieces == 1) {
+    pieces[0] = x;
+  } else {
+    constexpr int kNanOrInf = 0x01 | 0x08 | 0x10 | 0x80;  // vfpclassps: QNaN, +Inf, -Inf, SNaN
+    pieces[0] = round_to_bf16(x);
+    const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(pieces[0], kNanOrInf));
+    __m512 rest = _mm512_maskz_sub_ps(finite, x, pieces[0]);
+    for (int i = 1; i < kPieces; ++i) {
+      pieces[i] = round_to_bf16(rest);
+      rest = _mm512_sub_ps(rest, pieces[i]);
+    }
+  }
+}
+
+// bf16 tensors (kPieces = 1) take the cheaper exp2 (avx512_kernels.hpp).
+template <int kPieces>
+struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
+  using Base = Avx512KernelSet<kPieces == 1 ? 4 : 6>;
+  using Products = SplitProducts<kPieces>;
+  // A packed operand is kPieces planes of the layout above, one per piece.
   struct PinnedB {
     const float* source = nullptr;
     int k = 0, n = 0;
@@ -135,15 +193,16 @@ struct AmxKernels : Avx512Kernels {
     uint32_t* packed = nullptr;
   };
 
-  uint16_t* a_packed;  // (kMaxGemmRows, kMaxGemmDim) bf16
-  uint32_t* b_packed;  // (kMaxGemmDim / 2, kMaxGemmRows) bf16 pairs
+  uint16_t* a_packed;  // kPieces x (kMaxGemmRows, kMaxGemmDim) bf16
+  uint32_t* b_packed;  // kPieces x (kMaxGemmDim / 2, kMaxGemmRows) bf16 pairs
   float* c_staging;    // (kMaxGemmRows, kMaxGemmDim)
   PinnedB pinned[kPinnedOperands];
+  SharedOperand shared[kSharedOperands];  // packed once by the team (scratch.hpp)
 
-  explicit AmxKernels(void* scratch) : Avx512Kernels(scratch) {
+  explicit AmxKernels(void* scratch) : Base(scratch) {
     ScratchArena arena(static_cast<char*>(scratch));
-    const size_t b_bytes = size_t{kMaxGemmDim} * kMaxGemmRows * 2;
-    a_packed = static_cast<uint16_t*>(arena.take_bytes(size_t{kMaxGemmRows} * kMaxGemmDim * 2));
+    const size_t b_bytes = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * kPieces;
+    a_packed = static_cast<uint16_t*>(arena.take_bytes(size_t{kMaxGemmRows} * kMaxGemmDim * 2 * kPieces));
     b_packed = static_cast<uint32_t*>(arena.take_bytes(b_bytes));
     for (PinnedB& pin : pinned) pin.packed = static_cast<uint32_t*>(arena.take_bytes(b_bytes));
     c_staging = arena.take_floats(int64_t{kMaxGemmRows} * kMaxGemmDim);
@@ -160,32 +219,102 @@ struct AmxKernels : Avx512Kernels {
 
   void unpin_b(int slot) { pinned[slot].source = nullptr; }
 
-  // The packed B operand and its row length in pairs: a pinned operand, or a
-  // column window of one that starts on a 16-column tile, is used as packed.
-  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& row_pairs) {
+  // Packs chunk `chunk` (its first `rows` staged rows) of a shared operand.
+  static void pack_chunk(const SharedOperand& op, int64_t chunk, int rows) {
+    const float* src = op.source + chunk * op.chunk_floats();
+    uint16_t* dst = op.chunk_packed(chunk, kPieces);
+    if (op.role == OperandRole::kRowsA)
+      pack_a(rows, op.cols, src, op.cols, 1, op.plane_rows(), op.plane_row_length(), dst);
+    else if (op.role == OperandRole::kTransposedA)
+      pack_a(op.cols, rows, src, 1, op.cols, op.plane_rows(), op.plane_row_length(), dst);
+    else
+      pack_b(rows, op.cols, src, op.cols, op.chunk_rows, op.plane_row_length() / 2, reinterpret_cast<uint32_t*>(dst));
+  }
+
+  void share(int slot, const SharedOperand& op) { shared[slot] = op.packed != nullptr ? op : SharedOperand{}; }
+  void unshare(int slot) { shared[slot] = SharedOperand{}; }
+
+  // Where the gemm operand at `x` lies in a shared operand: its chunk and
+  // the staged row within it (false: not shared, or not at a row).
+  static bool locate(const SharedOperand& op, const float* x, int64_t& chunk, int& row) {
+    if (op.source == nullptr || x < op.source) return false;
+    const int64_t offset = x - op.source;
+    if (offset >= op.rows * op.cols) return false;
+    chunk = offset / op.chunk_floats();
+    const int64_t within = offset % op.chunk_floats();
+    if (within % op.cols != 0) return false;
+    row = static_cast<int>(within / op.cols);
+    return true;
+  }
+
+  // The packed A operand, its row length and plane size: a window of a
+  // shared operand (rows from a multiple of 16 within one chunk, or a whole
+  // transposed chunk), else packed here.
+  const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
+                           int64_t& plane) {
+    for (const SharedOperand& op : shared) {
+      int64_t chunk = 0;
+      int row = 0;
+      if (op.role == OperandRole::kRowsB || !locate(op, a, chunk, row)) continue;
+      const bool rows = op.role == OperandRole::kRowsA;
+      if (rows ? (a_col != 1 || a_row != op.cols || k != op.cols || row % 16 != 0 || row + m16 > op.chunk_rows)
+               : (a_row != 1 || a_col != op.cols || m != op.cols || row != 0 || k > op.chunk_rows))
+        continue;
+      row_length = op.plane_row_length();
+      plane = int64_t{op.plane_rows()} * row_length;
+      return op.chunk_packed(chunk, kPieces) + static_cast<int64_t>(row) * row_length;
+    }
+    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
+    row_length = k32;
+    plane = int64_t{m16} * k32;
+    return a_packed;
+  }
+
+  // The packed B operand, its column tile stride (uint32) and its plane size: a
+  // pinned operand, or a column window of one that starts on a 16-column
+  // tile, is used as packed.
+  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& col_stride,
+                           int64_t& plane) {
+    // Rows of a shared operand: whole rows from an even one (a multiple of
+    // 16) within one chunk.
+    for (const SharedOperand& op : shared) {
+      int64_t chunk = 0;
+      int row = 0;
+      if (op.role != OperandRole::kRowsB || !locate(op, b, chunk, row)) continue;
+      if (ldb != op.cols || n != op.cols || row % 32 != 0 || row + k32 > op.chunk_rows) continue;
+      col_stride = int64_t{op.chunk_rows} * 8;
+      plane = int64_t{op.plane_rows()} * op.plane_row_length() / 2;
+      return reinterpret_cast<const uint32_t*>(op.chunk_packed(chunk, kPieces)) + row / 32 * 256;
+    }
     for (const PinnedB& pin : pinned) {
       if (pin.source == nullptr || pin.k != k || pin.ldb != ldb || b < pin.source) continue;
       const int64_t offset = b - pin.source;
       if (offset % 16 != 0 || offset + n > pin.n) continue;
-      row_pairs = round_up(pin.n, 16);
-      return pin.packed + offset;
+      col_stride = int64_t{k32} * 8;
+      plane = round_up(pin.n, 16) * int64_t{k32 / 2};
+      return pin.packed + offset * (k32 / 2);
     }
     pack_b(k, n, b, ldb, k32, n16, b_packed);
-    row_pairs = n16;
+    col_stride = int64_t{k32} * 8;
+    plane = static_cast<int64_t>(n16) * (k32 / 2);
     return b_packed;
   }
 
-  // A element (i, l) at a[i * a_row + l * a_col] -> dst (m16, k32).
+  // A element (i, l) at a[i * a_row + l * a_col] -> dst planes (m16, k32).
   static void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32,
                      uint16_t* dst_rows) {
+    const int64_t plane = static_cast<int64_t>(m16) * k32;
     if (a_col == 1) {
       for (int i = 0; i < m16; ++i) {
-        uint16_t* dst = dst_rows + static_cast<int64_t>(i) * k32;
+        uint16_t* dst = dst_rows + static_cast<int64_t>(i / 16) * 16 * k32 + (i % 16) * 32;
         const float* src = a + i * a_row;
         for (int l = 0; l < k32; l += 32) {
-          const __m512 lo = load_or_zero(src + l, i < m, lanes_mask(k - l));
-          const __m512 hi = load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16));
-          _mm512_storeu_si512(dst + l, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+          __m512 lo[kPieces], hi[kPieces];
+          split_pieces<kPieces>(load_or_zero(src + l, i < m, lanes_mask(k - l)), lo);
+          split_pieces<kPieces>(load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16)), hi);
+          for (int piece = 0; piece < kPieces; ++piece)
+            _mm512_storeu_si512(dst + piece * plane + l / 32 * 512,
+                                reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi[piece], lo[piece])));
         }
       }
       return;
@@ -196,38 +325,52 @@ struct AmxKernels : Avx512Kernels {
     for (int i0 = 0; i0 < m16; i0 += 16) {
       const __mmask16 mask = lanes_mask(m - i0);
       for (int t0 = 0; t0 < pairs; t0 += 16) {
-        __m512i block[16];
+        __m512i block[kPieces][16];
         for (int t = 0; t < 16; ++t) {
           const int l = 2 * (t0 + t);
-          const __m512 r0 = load_or_zero(a + l * a_col + i0 * a_row, l < k, mask);
-          const __m512 r1 = load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask);
-          block[t] = pair_rows(r0, r1);
+          __m512 r0[kPieces], r1[kPieces];
+          split_pieces<kPieces>(load_or_zero(a + l * a_col + i0 * a_row, l < k, mask), r0);
+          split_pieces<kPieces>(load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask), r1);
+          for (int piece = 0; piece < kPieces; ++piece) block[piece][t] = pair_rows(r0[piece], r1[piece]);
         }
-        transpose16x16(block);
-        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst_rows + static_cast<int64_t>(i0 + i) * k32 + 2 * t0, block[i]);
+        for (int piece = 0; piece < kPieces; ++piece) {
+          transpose16x16(block[piece]);
+          for (int i = 0; i < 16; ++i)
+            _mm512_storeu_si512(dst_rows + piece * plane + static_cast<int64_t>(i0) * k32 + t0 / 16 * 512 + i * 32,
+                                block[piece][i]);
+        }
       }
     }
   }
 
-  // B (k, n) row-major -> dst (k32 / 2, n16) pairs.
+  // B (k, n) row-major -> dst planes (k32 / 2, n16) of pairs; column tile
+  // j / 16 starts at j * k32 / 2.
   static void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_t* dst_rows) {
-    for (int t = 0; t < k32 / 2; ++t) {
-      const int l = 2 * t;
-      uint32_t* dst = dst_rows + static_cast<int64_t>(t) * n16;
+    const int64_t plane = static_cast<int64_t>(n16) * (k32 / 2);
+    // One tile (16 pair rows, 16 columns) at a time: its KiB is written in
+    // order (row by row, a 4 KiB stride would alias in L1).
+    for (int t0 = 0; t0 < k32 / 2; t0 += 16) {
       for (int j = 0; j < n16; j += 16) {
         const __mmask16 mask = lanes_mask(n - j);
-        const __m512 r0 = load_or_zero(b + l * ldb + j, l < k, mask);
-        const __m512 r1 = load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask);
-        _mm512_storeu_si512(dst + j, pair_rows(r0, r1));
+        uint32_t* dst = dst_rows + static_cast<int64_t>(j) * (k32 / 2) + t0 / 16 * 256;
+        for (int t = t0; t < t0 + 16; ++t) {
+          const int l = 2 * t;
+          __m512 r0[kPieces], r1[kPieces];
+          split_pieces<kPieces>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
+          split_pieces<kPieces>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
+          for (int piece = 0; piece < kPieces; ++piece)
+            _mm512_storeu_si512(dst + piece * plane + (t - t0) * 16, pair_rows(r0[piece], r1[piece]));
+        }
       }
     }
   }
 
-  // C blocks of (16 * kRowTiles, 16 * kColTiles): A and B tiles are loaded
-  // once per 32-wide k step and feed kRowTiles * kColTiles products.
+  // C blocks of (16 * kRowTiles, 16 * kColTiles): per piece product and
+  // 32-wide k step, A and B tiles are loaded once and feed
+  // kRowTiles * kColTiles products.
   template <int kRowTiles, int kColTiles>
-  void amx_block(const uint16_t* a_rows_packed, const uint32_t* b_pairs, int64_t row_pairs, int i0, int j0, int k32, float* c, int64_t ldc,
-                 bool accumulate) {
+  void amx_block(const uint16_t* a_rows_packed, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
+                 int64_t b_col_stride, int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
     float* c00 = c + i0 * ldc + j0;
     const int64_t c_stride = ldc * 4;
     if (accumulate) {
@@ -241,19 +384,38 @@ struct AmxKernels : Avx512Kernels {
       if (kRowTiles > 1) _tile_zero(2);
       if (kRowTiles > 1 && kColTiles > 1) _tile_zero(3);
     }
-    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * k32;
-    const int64_t a_stride = static_cast<int64_t>(k32) * 2;
-    const int64_t b_stride = row_pairs * 4;
-    for (int l = 0; l < k32; l += 32) {
-      const uint32_t* b_rows = b_pairs + static_cast<int64_t>(l / 2) * row_pairs + j0;
-      _tile_loadd(4, a_rows + l, a_stride);
-      _tile_loadd(6, b_rows, b_stride);
-      if (kRowTiles > 1) _tile_loadd(5, a_rows + 16 * k32 + l, a_stride);
-      if (kColTiles > 1) _tile_loadd(7, b_rows + 16, b_stride);
+    constexpr int64_t kTileStride = 64;  // bytes per tile row: tiles are contiguous
+    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * a_row_length;
+    const uint32_t* b_cols = b_pairs + static_cast<int64_t>(j0 / 16) * b_col_stride;
+    const auto load_a = [&](int piece, int l) {
+      _tile_loadd(4, a_rows + piece * a_plane + l / 32 * 512, kTileStride);
+      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * a_row_length + l / 32 * 512, kTileStride);
+    };
+    const auto load_b = [&](int piece, int l) {
+      const uint32_t* b_tile = b_cols + piece * b_plane + l / 32 * 256;
+      _tile_loadd(6, b_tile, kTileStride);
+      if (kColTiles > 1) _tile_loadd(7, b_tile + b_col_stride, kTileStride);
+    };
+    const auto multiply = [] {
       _tile_dpbf16ps(0, 4, 6);
       if (kColTiles > 1) _tile_dpbf16ps(1, 4, 7);
       if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
       if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
+    };
+    if constexpr (Products::kSmall > 0) {
+      for (int l = 0; l < k32; l += 32) {
+#pragma GCC unroll 8
+        for (int step = 0; step < Products::kSmall; ++step) {
+          if (step == 0 || Products::a[step] != Products::a[step - 1]) load_a(Products::a[step], l);
+          if (step == 0 || Products::b[step] != Products::b[step - 1]) load_b(Products::b[step], l);
+          multiply();
+        }
+      }
+    }
+    for (int l = 0; l < k32; l += 32) {
+      load_a(0, l);
+      load_b(0, l);
+      multiply();
     }
     _tile_stored(0, c00, c_stride);
     if (kColTiles > 1) _tile_stored(1, c00 + 16, c_stride);
@@ -265,9 +427,11 @@ struct AmxKernels : Avx512Kernels {
             float* c, int64_t ldc, bool accumulate) {
     if (m <= 0 || n <= 0) return;
     const int m16 = round_up(m, 16), n16 = round_up(n, 16), k32 = round_up(std::max(k, 1), 32);
-    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
-    int64_t row_pairs = 0;
-    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, row_pairs);
+    int a_row_length = 0;
+    int64_t a_plane = 0;
+    const uint16_t* a_pieces = packed_a(m, k, a, a_row, a_col, m16, k32, a_row_length, a_plane);
+    int64_t b_col_stride = 0, b_plane = 0;
+    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, b_col_stride, b_plane);
     // Tiles write whole 16 x 16 blocks: straight into C when they fit its
     // rows and columns, else through the staging tile. Padded staging
     // elements hold stale values; each output element depends only on its
@@ -280,52 +444,83 @@ struct AmxKernels : Avx512Kernels {
 
     static const AmxTileConfig config;
     _tile_loadconfig(&config);
-    run_blocks(a_packed, b_pairs, row_pairs, m16, n16, k32, target, ld, accumulate);
+    run_blocks(a_pieces, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, m16, n16, k32, target, ld, accumulate);
     _tile_release();
     if (!direct)
       for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
   }
 
-  // A = hi + lo with hi = bf16(A): C += hi B + lo B keeps the product of A
-  // to ~2^-16 relative instead of bf16's 2^-9. lo replaces A in place.
+  // bf16 pieces: A = hi + lo with hi = bf16(A): C += hi B + lo B keeps the
+  // product of A to ~2^-16 relative instead of bf16's 2^-9. lo replaces A in
+  // place. Split fp32 pieces are exact already.
   void gemm_exact_a(int m, int n, int k, float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                     float* c, int64_t ldc) {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
-    // Contiguous runs of A: rows (a_col == 1) or columns (a_row == 1).
-    const bool by_rows = a_col == 1;
-    const int runs = by_rows ? m : k, length = by_rows ? k : m;
-    const int64_t stride = by_rows ? a_row : a_col;
-    for (int r = 0; r < runs; ++r) {
-      float* run = a + r * stride;
-      for (int i = 0; i < length; i += 16) {
-        const __mmask16 mask = lanes_mask(length - i);
-        const __m512 x = _mm512_maskz_loadu_ps(mask, run + i);
-        const __m512 hi = bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
-        _mm512_mask_storeu_ps(run + i, mask, _mm512_sub_ps(x, hi));
+    if constexpr (kPieces == 1) {
+      // Contiguous runs of A: rows (a_col == 1) or columns (a_row == 1).
+      const bool by_rows = a_col == 1;
+      const int runs = by_rows ? m : k, length = by_rows ? k : m;
+      const int64_t stride = by_rows ? a_row : a_col;
+      for (int r = 0; r < runs; ++r) {
+        float* run = a + r * stride;
+        for (int i = 0; i < length; i += 16) {
+          const __mmask16 mask = lanes_mask(length - i);
+          const __m512 x = _mm512_maskz_loadu_ps(mask, run + i);
+          _mm512_mask_storeu_ps(run + i, mask, _mm512_sub_ps(x, round_to_bf16(x)));
+        }
       }
+      gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
     }
-    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
-  void run_blocks(const uint16_t* a_rows, const uint32_t* b_pairs, int64_t row_pairs, int m16, int n16, int k32,
-                  float* target, int64_t ld, bool accumulate) {
+  // The same for a B that holds P (the forward's O^T = V^T P^T).
+  void gemm_exact_b(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, float* b, int64_t ldb,
+                    float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    if constexpr (kPieces == 1) {
+      for (int l = 0; l < k; ++l) {
+        float* row = b + l * ldb;
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 mask = lanes_mask(n - j);
+          const __m512 x = _mm512_maskz_loadu_ps(mask, row + j);
+          _mm512_mask_storeu_ps(row + j, mask, _mm512_sub_ps(x, round_to_bf16(x)));
+        }
+      }
+      gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    }
+  }
+
+  void run_blocks(const uint16_t* a_rows, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
+                  int64_t b_col_stride, int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld,
+                  bool accumulate) {
     int i0 = 0;
     for (; i0 + 32 <= m16; i0 += 32) {
       int j0 = 0;
-      for (; j0 + 32 <= n16; j0 += 32) amx_block<2, 2>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
-      if (j0 < n16) amx_block<2, 1>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+      for (; j0 + 32 <= n16; j0 += 32)
+        amx_block<2, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
+      if (j0 < n16)
+        amx_block<2, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
     }
     if (i0 < m16) {
       int j0 = 0;
-      for (; j0 + 32 <= n16; j0 += 32) amx_block<1, 2>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
-      if (j0 < n16) amx_block<1, 1>(a_rows, b_pairs, row_pairs, i0, j0, k32, target, ld, accumulate);
+      for (; j0 + 32 <= n16; j0 += 32)
+        amx_block<1, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
+      if (j0 < n16)
+        amx_block<1, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
+                        accumulate);
     }
   }
 };
 
 }  // namespace
 
-IsaBackend amx_backend() { return IsaBackend{"amx", &run_fwd<AmxKernels>, &run_bwd<AmxKernels>}; }
+IsaBackend amx_backend() { return IsaBackend{"amx", &run_fwd<AmxKernels<1>>, &run_bwd<AmxKernels<1>>}; }
+IsaBackend amx_split_backend() {
+  return IsaBackend{"amx-split", &run_fwd<AmxKernels<kAmxSplitPieces>>, &run_bwd<AmxKernels<kAmxSplitPieces>>};
+}
 
 }  // namespace cpu
 }  // namespace flashattn

@@ -16,6 +16,10 @@ struct GenericKernels {
   explicit GenericKernels(void* /*scratch: unused*/) {}
   void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
   void unpin_b(int /*slot*/) {}
+  // No packed layouts here: shared operands are read as staged.
+  static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
+  void share(int /*slot*/, const SharedOperand& /*op*/) {}
+  void unshare(int /*slot*/) {}
 
   static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                    float* c, int64_t ldc, bool accumulate) {
@@ -32,6 +36,11 @@ struct GenericKernels {
   }
 
   static void gemm_exact_a(int m, int n, int k, float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                           float* c, int64_t ldc) {
+    gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+  }
+
+  static void gemm_exact_b(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, float* b, int64_t ldb,
                            float* c, int64_t ldc) {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }

@@ -39,6 +39,9 @@ bool avx512_supported();
 // amx_supported() (which also asks Linux for the tile state) says yes.
 IsaBackend amx_backend();
 bool amx_supported();
+// The same for fp32 tensors: every gemm operand split into three bf16
+// pieces (isa_amx.cpp), fp32 accuracy at AMX speed.
+IsaBackend amx_split_backend();
 
 }  // namespace cpu
 }  // namespace flashattn

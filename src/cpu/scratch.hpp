@@ -12,21 +12,91 @@
 namespace flashattn {
 namespace cpu {
 
-// Packing buffers of the AMX kernel set (bf16 only): A (256 x 256) bf16, B
-// (128 x 256) bf16 pairs plus two pinned B operands of the same size, and a
+// Packing buffers of the AMX kernel sets, per bf16 piece of an operand (1
+// for bf16 tensors, kAmxSplitPieces for fp32): A (256 x 256) bf16, B
+// (128 x 256) bf16 pairs plus two pinned B operands of the same size; and a
 // (256 x 256) fp32 C staging tile: every gemm of the passes has m <= 256 and
-// k, n <= 256. Counted for every bf16 call, AMX or not,
-// so the size depends on the params alone.
+// k, n <= 256. Counted for every bf16 and fp32 call, AMX or not, so the size
+// depends on the params alone.
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
-constexpr int kPinnedOperands = 2;
+constexpr int kKvTilesPerItem = 2;                 // backward dK/dV items (bwd_impl.hpp)
+constexpr int kPinnedOperands = 2 * kKvTilesPerItem;  // K^T and V^T of each
+constexpr int kSharedOperands = 4;  // shared packed operands in use at once (SharedOperand)
+constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
 inline size_t isa_scratch_bytes(const AttnParams& p) {
-  if (p.dtype != FA_DTYPE_BF16) return 0;
-  const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2;
-  const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2;
+  const size_t pieces = p.dtype == FA_DTYPE_BF16 ? 1 : p.dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
+  if (pieces == 0) return 0;
+  const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2 * pieces;
+  const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * pieces;
   const size_t c = size_t{kMaxGemmRows} * kMaxGemmDim * 4;
   return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
+}
+
+// Staged rows that are a gemm operand of many work items are packed once
+// per step by the team, chunk by chunk, in the AMX kernel set's layouts
+// (isa_amx.cpp: bf16 pieces, planes per piece), so that no item repacks
+// them per tile. Roles of the staged rows (chunk_rows per chunk, cols
+// floats each) in the operand:
+//   kRowsA        rows of A              planes (chunk_rows, k32 = cols rounded to 32)
+//   kTransposedA  columns of A (V^T)     planes (cols rounded to 16, k32 = chunk_rows)
+//   kRowsB        rows of B              planes of pairs (chunk_rows / 2, n16 = cols rounded to 16)
+// packed is null where no AMX kernel set runs the dtype (fp16): the sizes
+// come from the params alone.
+inline int amx_pieces(fa_dtype dtype) {
+  return dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
+}
+inline int round_up_to(int64_t value, int multiple) {
+  return static_cast<int>((value + multiple - 1) / multiple * multiple);
+}
+enum class OperandRole { kRowsA, kTransposedA, kRowsB };
+struct SharedOperand {
+  OperandRole role = OperandRole::kRowsA;
+  const float* source = nullptr;
+  int chunk_rows = 0, cols = 0;
+  int64_t rows = 0;    // staged rows from source
+  int64_t chunks = 0;  // of the packed copy
+  uint16_t* packed = nullptr;
+
+  // One piece plane of a chunk: plane_rows x plane_row_length bf16.
+  int plane_rows() const {
+    return role == OperandRole::kRowsA ? chunk_rows
+           : role == OperandRole::kTransposedA ? round_up_to(cols, 16)
+                                               : chunk_rows / 2;
+  }
+  int plane_row_length() const {
+    return role == OperandRole::kRowsA ? round_up_to(cols, 32)
+           : role == OperandRole::kTransposedA ? chunk_rows
+                                               : 2 * round_up_to(cols, 16);
+  }
+  int64_t chunk_bf16(int pieces) const { return int64_t{pieces} * plane_rows() * plane_row_length(); }
+  int64_t chunk_floats() const { return int64_t{chunk_rows} * cols; }
+  uint16_t* chunk_packed(int64_t chunk, int pieces) const { return packed + chunk * chunk_bf16(pieces); }
+};
+
+// Staged rows (rows, cols) at source with a packed copy carved from arena.
+inline SharedOperand carve_shared_operand(ScratchArena& arena, const AttnParams& p, OperandRole role,
+                                          const float* source, int64_t rows, int chunk_rows, int64_t cols) {
+  SharedOperand op;
+  op.role = role;
+  op.source = source;
+  op.chunk_rows = chunk_rows;
+  op.cols = static_cast<int>(cols);
+  op.rows = rows;
+  op.chunks = (rows + chunk_rows - 1) / chunk_rows;
+  const int pieces = amx_pieces(p.dtype);
+  if (pieces > 0)
+    op.packed = static_cast<uint16_t*>(arena.take_bytes(static_cast<size_t>(op.chunks * op.chunk_bf16(pieces)) * 2));
+  return op;
+}
+
+// The same operand for the staged rows `floats` further on and their chunks
+// `chunks` further on (the next head of a multi-head buffer).
+inline SharedOperand shifted(SharedOperand op, int64_t floats, int64_t chunks, int pieces) {
+  op.source += floats;
+  if (op.packed != nullptr) op.packed += chunks * op.chunk_bf16(pieces);
+  return op;
 }
 
 // Per (batch, kv head) step, the K/V rows (forward, dQ pass) or the Q
@@ -38,6 +108,8 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
 struct StagedKv {
   float* k;  // (seqlen_k, D)
   float* v;  // (seqlen_k, Dv)
+  // Forward only: K and V^T packed as A operands (StagedKvHeads).
+  SharedOperand k_a, vt_a;
 };
 
 inline StagedKv carve_staged_kv(ScratchArena& arena, const AttnParams& p) {
@@ -72,7 +144,7 @@ struct FwdScratch {
   float* q_t;       // (D, kBlockM)  Q tile transposed: B operand of S^T = K Q^T
   float* s_t;       // (kBlockN, kBlockM) scores, then probabilities, one row per key
   float* drop;      // (kBlockN, kBlockM) dropout factors (0 or 1/(1-p)); only with dropout
-  float* o;         // (kBlockM, Dv) unnormalized output
+  float* o_t;       // (Dv, kBlockM) unnormalized output, transposed
   float* row_max;   // (kBlockM) running max, log2 units
   float* row_sum;   // (kBlockM) running sum of exp2
   float* tile_max;  // (kBlockM)
@@ -86,7 +158,7 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.s_t = arena.take_floats(kBlockN * kBlockM);
   s.drop = p.dropout.enabled ? arena.take_floats(kBlockN * kBlockM) : nullptr;
-  s.o = arena.take_floats(kBlockM * p.head_dim_v);
+  s.o_t = arena.take_floats(kBlockM * p.head_dim_v);
   s.row_max = arena.take_floats(kBlockM);
   s.row_sum = arena.take_floats(kBlockM);
   s.tile_max = arena.take_floats(kBlockM);
@@ -95,11 +167,16 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   return s;
 }
 
-// Pass 1 of the backward (dK, dV of one K/V tile): scores are query-major.
+// Pass 1 of the backward (dK, dV of kKvTilesPerItem K/V tiles): scores are
+// query-major.
 struct BwdKvScratch {
   void* isa;
-  float* k_t;   // (D, kBlockN)  B operand of S = Q K^T
-  float* v_t;   // (Dv, kBlockN) B operand of dP = dO V^T
+  float* k_t;   // (kKvTilesPerItem, D, kBlockN)  B operands of S = Q K^T
+  float* v_t;   // (kKvTilesPerItem, Dv, kBlockN) B operands of dP = dO V^T
+  // One Q tile's Q and dO packed (AMX dtypes) as A operands of S and dP and
+  // as B operands of dK += dS^T Q and dV += P^T dO, once for all the item's
+  // K/V tiles; source and packed set by bwd_impl.hpp per Q tile.
+  SharedOperand q_a, dout_a, q_b, dout_b;
   float* s;     // (kBlockM, kBlockN) scores, then P (dropped)
   float* dp;    // (kBlockM, kBlockN) dP, then dS
   float* tanh;  // (kBlockM, kBlockN) tanh of the capped score; only with softcap
@@ -127,8 +204,12 @@ inline BwdKvScratch carve_bwd_kv(ScratchArena& arena, const AttnParams& p) {
   const int64_t tile = kBlockM * kBlockN;
   BwdKvScratch s;
   s.isa = arena.take_bytes(isa_scratch_bytes(p));
-  s.k_t = arena.take_floats(p.head_dim * kBlockN);
-  s.v_t = arena.take_floats(p.head_dim_v * kBlockN);
+  s.k_t = arena.take_floats(kKvTilesPerItem * p.head_dim * kBlockN);
+  s.v_t = arena.take_floats(kKvTilesPerItem * p.head_dim_v * kBlockN);
+  s.q_a = carve_shared_operand(arena, p, OperandRole::kRowsA, nullptr, kBlockM, kBlockM, p.head_dim);
+  s.dout_a = carve_shared_operand(arena, p, OperandRole::kRowsA, nullptr, kBlockM, kBlockM, p.head_dim_v);
+  s.q_b = carve_shared_operand(arena, p, OperandRole::kRowsB, nullptr, kBlockM, kBlockM, p.head_dim);
+  s.dout_b = carve_shared_operand(arena, p, OperandRole::kRowsB, nullptr, kBlockM, kBlockM, p.head_dim_v);
   s.s = arena.take_floats(tile);
   s.dp = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
@@ -170,12 +251,21 @@ inline int64_t fwd_heads_per_step(const AttnParams& p) {
   return std::clamp<int64_t>(kStageBudget / head_bytes, 1, p.heads_kv);
 }
 
-// Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head.
+// Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head,
+// and packed as the A operands of S^T = K Q^T (K) and O^T = V^T P^T (V^T).
 struct StagedKvHeads {
   float* k;
   float* v;
   int64_t k_head = 0, v_head = 0;  // floats per head: seqlen_k * D, seqlen_k * Dv
-  StagedKv head(int64_t i) const { return StagedKv{k + i * k_head, v + i * v_head}; }
+  int64_t chunks = 0;              // kBlockN chunks per head
+  int pieces = 0;
+  SharedOperand k_a, vt_a;         // of head 0
+  StagedKv head(int64_t i) const {
+    StagedKv kv{k + i * k_head, v + i * v_head};
+    kv.k_a = shifted(k_a, i * k_head, i * chunks, pieces);
+    kv.vt_a = shifted(vt_a, i * v_head, i * chunks, pieces);
+    return kv;
+  }
 };
 
 inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams& p) {
@@ -185,6 +275,13 @@ inline StagedKvHeads carve_staged_kv_heads(ScratchArena& arena, const AttnParams
   s.v_head = p.seqlen_k * p.head_dim_v;
   s.k = arena.take_floats(heads * s.k_head);
   s.v = arena.take_floats(heads * s.v_head);
+  s.chunks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  s.pieces = amx_pieces(p.dtype);
+  s.k_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.k, heads * s.chunks * kBlockN, kBlockN, p.head_dim);
+  s.vt_a = carve_shared_operand(arena, p, OperandRole::kTransposedA, s.v, heads * s.chunks * kBlockN, kBlockN,
+                                p.head_dim_v);
+  s.k_a.chunks = s.vt_a.chunks = s.chunks;  // views of one head (head())
+  s.k_a.rows = s.vt_a.rows = p.seqlen_k;
   return s;
 }
 

@@ -108,8 +108,9 @@ void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int 
 }
 
 // K and V rows of kv heads [h_kv0, h_kv0 + heads) of sequence b into the
-// team's shared buffers: one worksharing loop whose closing barrier
-// publishes them.
+// team's shared buffers, and with an AMX dtype each chunk packed as an A
+// operand (K, and V transposed: StagedKvHeads): one worksharing loop whose
+// closing barrier publishes them.
 template <class Isa>
 void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0, int64_t heads,
               const StagedKvHeads& kv) {
@@ -119,15 +120,19 @@ void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0
   for (int64_t chunk = 0; chunk < 2 * heads * chunks; ++chunk) {
     const int64_t head = chunk / (2 * chunks);
     const bool is_v = chunk / chunks % 2 == 1;
-    const int64_t r0 = chunk % chunks * kBlockN;
+    const int64_t index = chunk % chunks;
+    const int64_t r0 = index * kBlockN;
     const int count = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - r0));
     const StagedKv dst = kv.head(head);
-    if (is_v)
+    if (is_v) {
       load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head), r0, count, dv, dst.v + r0 * dv,
                      dv);
-    else
+      if (dst.vt_a.packed != nullptr) Isa::pack_chunk(dst.vt_a, index, count);
+    } else {
       load_tile<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head), r0, count, d, dst.k + r0 * d,
                      d);
+      if (dst.k_a.packed != nullptr) Isa::pack_chunk(dst.k_a, index, count);
+    }
   }
 }
 
@@ -141,6 +146,25 @@ void store_tile(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t 
     const float* row = src + r * ld;
     for (int c = 0; c < cols; ++c) row_tmp[c] = row[c] * scale;
     Isa::store_row(row_tmp, dtype, base + r * view.row_stride_bytes, cols);
+  }
+}
+
+// Writes rows of the transposed tile src (cols, rows), ld: blocks of
+// kTransposeRows rows gather one cache line of each src row into row_tmp
+// (kTransposeRows, cols) first.
+template <class Isa>
+void store_tile_transposed(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t b, int64_t row0, int64_t h,
+                           int rows, int cols, const float* src, int64_t ld, float* row_tmp) {
+  const RowsView view = rows_view(data, dtype, layout, b, row0, h);
+  char* base = const_cast<char*>(view.base);
+  for (int r0 = 0; r0 < rows; r0 += kTransposeRows) {
+    const int count = std::min(kTransposeRows, rows - r0);
+    for (int c = 0; c < cols; ++c) {
+      const float* in = src + c * ld + r0;
+      for (int r = 0; r < count; ++r) row_tmp[r * cols + c] = in[r];
+    }
+    for (int r = 0; r < count; ++r)
+      Isa::store_row(row_tmp + r * cols, dtype, base + (r0 + r) * view.row_stride_bytes, cols);
   }
 }
 
