@@ -1,0 +1,436 @@
+// Attention against a KV cache on the CPU (fa_fwd_kvcache): append, then
+// split-KV attention with the query heads of one KV head packed together.
+// Compiled twice: for the baseline ISA (kvcache.cpp) and for AVX-512
+// (kvcache_avx512.cpp, chosen at run time); the loops are written so that the
+// compiler vectorizes them (contiguous innermost, no calls, no branches).
+//
+// Phase 1 writes k_new (rotated) and v_new into the cache at cache_seqlens.
+// Phase 2 runs work items (batch row, kv head, row block, split): the rows of
+// an item are (query i, head g of the group) pairs, r = i * G + g, so every
+// K/V row gathered from the (possibly paged) cache serves G query heads and
+// Sq queries at once: decode reads each cache byte once per call. Per chunk of
+// kKeyChunk keys the item converts K and V ((keys, D), (keys, Dv)) to fp32,
+// forms the scores of all its rows (vectorized dot products), and updates the
+// online softmax in log2 units (a call-free exp2 that vectorizes). With one
+// split the item writes out and lse directly, with several it writes O / l and
+// its LSE and phase 3 merges the splits exactly:
+//   lse = log sum_s exp(lse_s),  O = sum_s exp(lse_s - lse) O_s.
+// Splits fill the team when B * Hkv is below the thread count (decode of one
+// sequence); num_splits > 0 forces a count (tests compare counts).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "common/half.hpp"
+#include "common/kvcache_params.hpp"
+#include "cpu/config.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+constexpr int kKeyChunk = 64;              // keys per step: K^T (D, 64) and V (64, Dv) in fp32 stay in L1/L2
+constexpr int kRowBlock = 64;              // packed query rows per work item
+constexpr int64_t kMinKeysPerSplit = 256;  // below this a split costs more than it saves
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// 2^x for x <= 0 (and -inf -> 0) without a call, so loops over it vectorize:
+// 2^n * p(f), n = round(x), f in [-1/2, 1/2], p the degree-6 Taylor polynomial
+// of 2^f (relative error ~1.2e-7, the CPU backend's exp2). Below 2^-126 the
+// result flushes to 0, far under any probability that matters next to 1.
+inline float exp2_nonpositive(float x) {
+  x = x < -127.0f ? -127.0f : x;
+  const float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23
+  const float f = x - n;
+  float p = 1.5403530393381606e-4f;
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  const uint32_t scale_bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // 0 for n = -127
+  return p * __builtin_bit_cast(float, scale_bits);
+}
+
+// fp16 bits -> fp32 without branches (vectorizes): the exponent and mantissa
+// moved into fp32 position and rescaled by 2^112 is exact for normal and
+// subnormal halves; Inf / NaN keep an all-ones exponent. Bit-identical to
+// fp16_to_float in common/half.hpp.
+inline float fp16_bits_to_float(uint16_t bits) {
+  const uint32_t magnitude = static_cast<uint32_t>(bits & 0x7FFFu) << 13;
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const float finite = __builtin_bit_cast(float, magnitude) * 0x1p112f;
+  const uint32_t finite_bits = __builtin_bit_cast(uint32_t, finite);
+  const uint32_t value = magnitude >= (0x7C00u << 13) ? (magnitude | 0x7F800000u) : finite_bits;
+  return __builtin_bit_cast(float, value | sign);
+}
+
+inline float bf16_bits_to_float(uint16_t bits) { return __builtin_bit_cast(float, static_cast<uint32_t>(bits) << 16); }
+
+// n elements of a row of the dtype into fp32, written with `stride` apart.
+inline void load_floats(fa_dtype dtype, const void* src, int64_t n, float* dst, int64_t stride) {
+  if (dtype == FA_DTYPE_FP32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t d = 0; d < n; ++d) dst[d * stride] = s[d];
+  } else if (dtype == FA_DTYPE_BF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t d = 0; d < n; ++d) dst[d * stride] = bf16_bits_to_float(s[d]);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t d = 0; d < n; ++d) dst[d * stride] = fp16_bits_to_float(s[d]);
+  }
+}
+
+float load_element(fa_dtype dtype, const void* base, int64_t offset) {
+  switch (dtype) {
+    case FA_DTYPE_FP16: return fp16_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case FA_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
+    default: return static_cast<const float*>(base)[offset];
+  }
+}
+
+void store_element(fa_dtype dtype, void* base, int64_t offset, float value) {
+  switch (dtype) {
+    case FA_DTYPE_FP16: static_cast<uint16_t*>(base)[offset] = float_to_fp16(value); break;
+    case FA_DTYPE_BF16: static_cast<uint16_t*>(base)[offset] = float_to_bf16(value); break;
+    default: static_cast<float*>(base)[offset] = value; break;
+  }
+}
+
+float round_to_dtype(fa_dtype dtype, float value) {
+  switch (dtype) {
+    case FA_DTYPE_FP16: return fp16_to_float(float_to_fp16(value));
+    case FA_DTYPE_BF16: return bf16_to_float(float_to_bf16(value));
+    default: return value;
+  }
+}
+
+// Dims [0, D) of one row, rotated at `position` when rotary is on, each value
+// rounded to the dtype (what flash-attn keeps in shared memory / the cache).
+void load_rotated_row(const KvCacheParams& p, const void* base, int64_t row_offset, int64_t position, float* out) {
+  for (int64_t d = 0; d < p.head_dim; ++d) out[d] = load_element(p.dtype, base, row_offset + d);
+  if (p.rotary_cos == nullptr) return;
+  float rotated[FA_MAX_HEAD_DIM];
+  for (int64_t d = 0; d < p.rotary_dim; ++d) {
+    const RotaryPair pair = rotary_pair(p.rotary_dim, p.rotary_interleaved, d);
+    const float c = load_element(p.dtype, p.rotary_cos, position * p.rotary_cos_stride + pair.column);
+    const float s = load_element(p.dtype, p.rotary_sin, position * p.rotary_sin_stride + pair.column);
+    const bool is_first = d == pair.first;
+    if (p.dtype == FA_DTYPE_FP32) {
+      rotated[d] = static_cast<float>(rotate<double>(out[pair.first], out[pair.second], c, s, is_first));
+    } else {
+      rotated[d] = round_to_dtype(p.dtype, rotate<float>(out[pair.first], out[pair.second], c, s, is_first));
+    }
+  }
+  std::copy(rotated, rotated + p.rotary_dim, out);
+}
+
+// Phase 1: the new keys and values into the cache.
+void append_new_rows(const KvCacheParams& p) {
+  const int64_t items = p.batch * p.seqlen_new * p.heads_kv;
+#pragma omp parallel for schedule(static) num_threads(p.num_threads) if (p.num_threads > 1 && items > 64)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t h = item % p.heads_kv;
+    const int64_t t = (item / p.heads_kv) % p.seqlen_new;
+    const int64_t b = item / (p.heads_kv * p.seqlen_new);
+    const CacheRow row = CacheRow::of(p, b);
+    const int64_t position = row.filled + t;
+    float k_row[FA_MAX_HEAD_DIM];
+    const int64_t k_src = b * p.k_new_layout.batch + t * p.k_new_layout.row + h * p.k_new_layout.head;
+    load_rotated_row(p, p.k_new, k_src, position, k_row);
+    const int64_t k_dst = cache_offset(p, p.k_cache_layout, row, b, position, h);
+    for (int64_t d = 0; d < p.head_dim; ++d) store_element(p.dtype, p.k_cache, k_dst + d, k_row[d]);
+    const int64_t elem = element_size(p.dtype);
+    const int64_t v_src = b * p.v_new_layout.batch + t * p.v_new_layout.row + h * p.v_new_layout.head;
+    const int64_t v_dst = cache_offset(p, p.v_cache_layout, row, b, position, h);
+    std::memcpy(static_cast<char*>(p.v_cache) + v_dst * elem, static_cast<const char*>(p.v_new) + v_src * elem,
+                static_cast<size_t>(p.head_dim_v * elem));
+  }
+}
+
+struct Plan {
+  int64_t rows = 0;         // R = Sq * G packed rows per (b, kv head)
+  int64_t row_blocks = 0;   // ceil(R / kRowBlock)
+  int64_t splits = 1;
+  int64_t batch_heads = 0;  // B * Hkv
+  int64_t items() const { return batch_heads * row_blocks * splits; }
+};
+
+Plan make_plan(const KvCacheParams& p) {
+  Plan plan;
+  plan.rows = p.seqlen_q * p.group();
+  plan.row_blocks = (plan.rows + kRowBlock - 1) / kRowBlock;
+  plan.batch_heads = p.batch * p.heads_kv;
+  const int64_t max_splits = std::max<int64_t>(1, (p.capacity + kKeyChunk - 1) / kKeyChunk);
+  if (p.num_splits > 0) {
+    plan.splits = std::min<int64_t>(p.num_splits, max_splits);
+  } else {
+    const int64_t parallel = std::max<int64_t>(1, plan.batch_heads * plan.row_blocks);
+    const int64_t wanted = (2 * static_cast<int64_t>(p.num_threads) + parallel - 1) / parallel;
+    plan.splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, p.capacity / kMinKeysPerSplit));
+    if (parallel >= p.num_threads) plan.splits = 1;
+  }
+  return plan;
+}
+
+struct ThreadScratch {
+  float *q, *o, *m, *l, *s, *k_t, *v;
+};
+
+ThreadScratch carve_thread(const KvCacheParams& p, ScratchArena& arena) {
+  ThreadScratch w;
+  w.q = arena.take_floats(int64_t(kRowBlock) * p.head_dim);    // (rows, D), log2(e) * scale folded in
+  w.o = arena.take_floats(int64_t(kRowBlock) * p.head_dim_v);  // (rows, Dv)
+  w.m = arena.take_floats(kRowBlock);                          // running max, log2 units
+  w.l = arena.take_floats(kRowBlock);
+  w.s = arena.take_floats(int64_t(kRowBlock) * kKeyChunk);     // (rows, keys)
+  w.k_t = arena.take_floats(int64_t(kKeyChunk) * p.head_dim);  // (keys, D)
+  w.v = arena.take_floats(int64_t(kKeyChunk) * p.head_dim_v);  // (keys, Dv)
+  return w;
+}
+
+struct SplitScratch {
+  float* o = nullptr;    // (items, kRowBlock, Dv): O / l of each split
+  float* lse = nullptr;  // (items, kRowBlock): its LSE, -inf when it saw no key
+};
+
+SplitScratch carve_splits(const KvCacheParams& p, const Plan& plan, ScratchArena& arena) {
+  SplitScratch w;
+  if (plan.splits == 1) return w;
+  w.o = arena.take_floats(plan.items() * kRowBlock * p.head_dim_v);
+  w.lse = arena.take_floats(plan.items() * kRowBlock);
+  return w;
+}
+
+// Per packed row: the keys it sees, [lo, hi), its diagonal (ALiBi distance |diagonal - j|), its slope.
+struct RowMask {
+  int64_t lo = 0, hi = 0, diagonal = 0;
+  float slope = 0.0f;
+};
+
+// Scores of one row over keys k0 .. k0 + nk - 1 of a chunk, in log2 units:
+// raw = q . k with scale * log2(e) already in q; softcap and ALiBi applied in
+// natural units; -inf outside the row's keys.
+void shape_scores(const KvCacheParams& p, const RowMask& mask, int64_t k0, int nk, float* s) {
+  if (p.softcap > 0.0f) {
+    const float cap = p.softcap;
+    for (int j = 0; j < nk; ++j) s[j] = cap * std::tanh(s[j] / kLog2e / cap) * kLog2e;
+  }
+  if (mask.slope != 0.0f) {
+    const float slope2 = mask.slope * kLog2e;
+    for (int j = 0; j < nk; ++j) {
+      const int64_t distance = mask.diagonal - (k0 + j);
+      s[j] -= slope2 * static_cast<float>(distance < 0 ? -distance : distance);
+    }
+  }
+  for (int j = 0; j < nk; ++j) {
+    const int64_t key = k0 + j;
+    s[j] = (key >= mask.lo && key < mask.hi) ? s[j] : -kInf;
+  }
+}
+
+// Phase 2 for one item. Rows r0 .. r0 + nr - 1 of (b, kv head), keys of split `split`.
+void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& w, const SplitScratch& splits,
+                 int64_t item) {
+  const int64_t split = item % plan.splits;
+  const int64_t rb = (item / plan.splits) % plan.row_blocks;
+  const int64_t hkv = (item / (plan.splits * plan.row_blocks)) % p.heads_kv;
+  const int64_t b = item / (plan.splits * plan.row_blocks * p.heads_kv);
+  const int64_t group = p.group();
+  const int64_t d_count = p.head_dim, dv_count = p.head_dim_v;
+  const int64_t r0 = rb * kRowBlock;
+  const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, plan.rows - r0));
+  const CacheRow row = CacheRow::of(p, b);
+  const MaskPolicy mask = row.mask(p);
+
+  // Scale and log2(e) folded into q: the scores come out in log2 units.
+  const float q_factor = p.softmax_scale * kLog2e;
+  RowMask masks[kRowBlock];
+  for (int r = 0; r < nr; ++r) {
+    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+    const int64_t q_offset = b * p.q_layout.batch + i * p.q_layout.row + h * p.q_layout.head;
+    float* q_row = w.q + r * d_count;
+    load_rotated_row(p, p.q, q_offset, query_rotary_position(p, row, i), q_row);
+    for (int64_t d = 0; d < d_count; ++d) q_row[d] *= q_factor;
+    masks[r].lo = mask.key_begin(i);
+    masks[r].hi = mask.key_end(i + 1);
+    masks[r].diagonal = i + mask.shift;
+    masks[r].slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+  }
+  std::fill(w.o, w.o + int64_t(nr) * dv_count, 0.0f);
+  std::fill(w.m, w.m + nr, -kInf);
+  std::fill(w.l, w.l + nr, 0.0f);
+
+  // Keys some row of the block sees, then this split's share on the chunk grid.
+  const int64_t i_first = r0 / group, i_last = (r0 + nr - 1) / group;
+  int64_t key_lo = mask.key_begin(i_first), key_hi = mask.key_end(i_last + 1);
+  const int64_t span = key_hi > key_lo ? key_hi - key_lo : 0;
+  const int64_t per_split = ((span + plan.splits - 1) / plan.splits + kKeyChunk - 1) / kKeyChunk * kKeyChunk;
+  key_lo += split * per_split;
+  key_hi = std::min(key_hi, key_lo + per_split);
+
+  const int64_t elem = element_size(p.dtype);
+  const char* k_cache = static_cast<const char*>(p.k_cache);
+  const char* v_cache = static_cast<const char*>(p.v_cache);
+  for (int64_t k0 = key_lo; k0 < key_hi; k0 += kKeyChunk) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeyChunk, key_hi - k0));
+    for (int j = 0; j < nk; ++j) {
+      const int64_t position = row.leftpad + k0 + j;
+      const int64_t k_off = cache_offset(p, p.k_cache_layout, row, b, position, hkv);
+      const int64_t v_off = cache_offset(p, p.v_cache_layout, row, b, position, hkv);
+      load_floats(p.dtype, k_cache + k_off * elem, d_count, w.k_t + j * d_count, 1);
+      load_floats(p.dtype, v_cache + v_off * elem, dv_count, w.v + j * dv_count, 1);
+    }
+    // S (nr, nk) = Q K^T, one vectorized dot product per (row, key); each K row
+    // (in L1 after its first use) serves every row.
+    for (int j = 0; j < nk; ++j) {
+      const float* k_row = w.k_t + j * d_count;
+      for (int r = 0; r < nr; ++r) {
+        const float* q_row = w.q + r * d_count;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
+        w.s[r * kKeyChunk + j] = dot;
+      }
+    }
+    // Invariant per row: O = sum_j 2^(s_j - m) v_j and l = sum_j 2^(s_j - m) over the keys
+    // seen; a new maximum rescales both by 2^(m_old - m_new). A row that has seen no
+    // visible key keeps m = -inf and is skipped.
+    for (int r = 0; r < nr; ++r) {
+      float* s_row = w.s + r * kKeyChunk;
+      shape_scores(p, masks[r], k0, nk, s_row);
+      float chunk_max = -kInf;
+      for (int j = 0; j < nk; ++j) chunk_max = std::max(chunk_max, s_row[j]);
+      const float m_new = std::max(w.m[r], chunk_max);
+      if (m_new == -kInf) {
+        std::fill(s_row, s_row + nk, 0.0f);
+        continue;
+      }
+      const float alpha = exp2_nonpositive(w.m[r] - m_new);
+      float sum = 0.0f;
+      for (int j = 0; j < nk; ++j) {
+        s_row[j] = exp2_nonpositive(s_row[j] - m_new);
+        sum += s_row[j];
+      }
+      float* o_row = w.o + r * dv_count;
+      for (int64_t d = 0; d < dv_count; ++d) o_row[d] *= alpha;
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = m_new;
+    }
+    // O += P V, each V row loaded once for all rows.
+    for (int j = 0; j < nk; ++j) {
+      const float* v_row = w.v + j * dv_count;
+      for (int r = 0; r < nr; ++r) {
+        const float prob = w.s[r * kKeyChunk + j];
+        float* o_row = w.o + r * dv_count;
+        for (int64_t d = 0; d < dv_count; ++d) o_row[d] += prob * v_row[d];
+      }
+    }
+  }
+
+  for (int r = 0; r < nr; ++r) {
+    const bool empty = !(w.l[r] > 0.0f);
+    const float inv = empty ? 0.0f : 1.0f / w.l[r];
+    const float lse = empty ? kInf : w.m[r] * kLn2 + std::log(w.l[r]);
+    const float* o_row = w.o + r * dv_count;
+    if (plan.splits > 1) {
+      float* dst = splits.o + (item * kRowBlock + r) * dv_count;
+      for (int64_t d = 0; d < dv_count; ++d) dst[d] = o_row[d] * inv;
+      splits.lse[item * kRowBlock + r] = empty ? -kInf : lse;
+      continue;
+    }
+    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+    const int64_t o_offset = b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
+    for (int64_t d = 0; d < dv_count; ++d) store_element(p.dtype, p.o, o_offset + d, o_row[d] * inv);
+    if (p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
+  }
+}
+
+// Phase 3: the splits of one (b, kv head, row block) merged into out and lse.
+void combine_item(const KvCacheParams& p, const Plan& plan, const SplitScratch& splits, int64_t group_item,
+                  float* accumulator) {
+  const int64_t rb = group_item % plan.row_blocks;
+  const int64_t hkv = (group_item / plan.row_blocks) % p.heads_kv;
+  const int64_t b = group_item / (plan.row_blocks * p.heads_kv);
+  const int64_t group = p.group();
+  const int64_t dv_count = p.head_dim_v;
+  const int64_t r0 = rb * kRowBlock;
+  const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, plan.rows - r0));
+  const int64_t first_item = group_item * plan.splits;
+  for (int r = 0; r < nr; ++r) {
+    float lse_max = -kInf;
+    for (int64_t s = 0; s < plan.splits; ++s) lse_max = std::max(lse_max, splits.lse[(first_item + s) * kRowBlock + r]);
+    std::fill(accumulator, accumulator + dv_count, 0.0f);
+    float lse = kInf;
+    if (lse_max != -kInf) {
+      float total = 0.0f;
+      for (int64_t s = 0; s < plan.splits; ++s) total += std::exp(splits.lse[(first_item + s) * kRowBlock + r] - lse_max);
+      lse = lse_max + std::log(total);
+      for (int64_t s = 0; s < plan.splits; ++s) {
+        const float weight = std::exp(splits.lse[(first_item + s) * kRowBlock + r] - lse);
+        if (weight == 0.0f) continue;
+        const float* src = splits.o + ((first_item + s) * kRowBlock + r) * dv_count;
+        for (int64_t d = 0; d < dv_count; ++d) accumulator[d] += weight * src[d];
+      }
+    }
+    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+    const int64_t o_offset = b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
+    for (int64_t d = 0; d < dv_count; ++d) store_element(p.dtype, p.o, o_offset + d, accumulator[d]);
+    if (p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
+  }
+}
+
+size_t kvcache_thread_bytes(const KvCacheParams& p) {
+  ScratchArena arena;
+  carve_thread(p, arena);
+  return arena.used();
+}
+
+size_t kvcache_split_bytes(const KvCacheParams& p) {
+  ScratchArena arena;
+  carve_splits(p, make_plan(p), arena);
+  return arena.used();
+}
+
+// Layout: [alignment slack][split partials][per-thread regions].
+[[maybe_unused]] size_t kvcache_workspace_bytes(const KvCacheParams& p) {
+  return kWorkspaceSlack + kvcache_split_bytes(p) + static_cast<size_t>(p.num_threads) * kvcache_thread_bytes(p);
+}
+
+fa_status run_kvcache(const KvCacheParams& p, void* workspace) {
+  if (p.seqlen_new > 0) append_new_rows(p);
+  if (p.batch == 0 || p.seqlen_q == 0) return FA_OK;
+  const Plan plan = make_plan(p);
+  char* base = align_workspace(workspace);
+  ScratchArena split_arena(base);
+  const SplitScratch splits = carve_splits(p, plan, split_arena);
+  char* thread_base = base + split_arena.used();
+  const size_t per_thread = kvcache_thread_bytes(p);
+  const int64_t items = plan.items();
+  const int team = static_cast<int>(std::min<int64_t>(p.num_threads, items));
+#pragma omp parallel num_threads(team) if (team > 1)
+  {
+    ScratchArena arena(thread_base + static_cast<size_t>(omp_get_thread_num()) * per_thread);
+    const ThreadScratch w = carve_thread(p, arena);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) attend_item(p, plan, w, splits, item);
+    if (plan.splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t g = 0; g < plan.batch_heads * plan.row_blocks; ++g) combine_item(p, plan, splits, g, w.o);
+    }
+  }
+  return FA_OK;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace flashattn
