@@ -272,8 +272,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
       // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
-      const float offset = new_max == -INFINITY ? 0.0f : new_max * log2_scale;
-      correction[r] = exp2_approx(row_max[r] * log2_scale - offset);
+      const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
+      const float offset = safe_max * log2_scale;
+      // The difference first, so an unchanged max rescales by exactly 1 (see the
+      // sm80 forward: as old * c - offset the FFMA leaves a factor 1 +- 1e-7 that
+      // compounds over the key tiles).
+      correction[r] = exp2_approx((row_max[r] - safe_max) * log2_scale);
       row_max[r] = new_max;
       row_sum[r] *= correction[r];
       row_error[r] *= correction[r];
