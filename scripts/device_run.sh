@@ -136,7 +136,7 @@ fi
 if has_stage python; then
   start=$(date +%s)
   FLASHATTN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout "${FA_PIP_TIMEOUT:-300}" \
-    python3 -m pip install --no-build-isolation --no-deps --no-index -q . >"$OUT/python.log" 2>&1
+    python3 -m pip install --no-build-isolation --no-deps --no-index -q ${FA_PIP_ARGS:-} . >"$OUT/python.log" 2>&1
   note "== pip install ./ (CUDA): exit $? in $(( $(date +%s) - start )) s"
   (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_PYTEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider \
     "$OLDPWD/python/tests" >>"$OUT/python.log" 2>&1)
