@@ -56,13 +56,17 @@ struct BwdTileConfig {
 // run of dev/cuda_fa2_log.md v4 measured these against the v3 tiles (64 x 128 /
 // 8,8,4 for hdim 64, 128 x 64 for 128, 64 x 64 with 4,4,4 for 256):
 // fwd+bwd +5-20 % at hdim 64, +20-28 % at 128, +3-6 % at 256.
-constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+// large_smem: the variant for devices with more than 209 KiB of shared memory
+// per block (H100 / H200); it differs only at hdim 256, and block_m, which the
+// workspace layout reads, is the same in both.
+constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem = false) {
   if (head_dim <= 64) return {FLASHATTN_CUDA_BWD64_TILE};    // smem 162 KiB
   if (head_dim <= 128) return {FLASHATTN_CUDA_BWD128_TILE};  // smem 161 KiB
   if (head_dim <= 192) return {64, 64, 8, 4, 4, 4, 1};       // smem 113 KiB
-  // One Q/dO stage keeps hdim 256 within an A100's 163 KiB (two stages, 209 KiB:
-  // +6 % non-causal on the H200, equal under causal masks).
-  return {FLASHATTN_CUDA_BWD256_TILE};  // smem 145 KiB
+  // One Q/dO stage keeps hdim 256 within an A100's 163 KiB (145 KiB); two stages
+  // (209 KiB) prefetch the next query tile: +6-8 % non-causal on the H200.
+  if (large_smem) return {64, 64, 8, 4, 2, 2, 2};
+  return {FLASHATTN_CUDA_BWD256_TILE};
 }
 
 }  // namespace flashattn::cuda

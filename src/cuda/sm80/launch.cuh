@@ -51,11 +51,10 @@ fa_status run_fwd(const FwdParams& params, cudaStream_t stream) {
   return FA_OK;
 }
 
-template <typename Tag, int kHeadDim, bool kMaskDiagonal>
-fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
-  using T = typename ElementOf<Tag>::type;
-  using Traits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal>;
-  if (params.total_q == 0 && params.total_k == 0) return FA_OK;
+template <class Traits>
+fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
+  using T = typename Traits::T;
+  constexpr int kHeadDim = Traits::kHeadDim;
   char* base = static_cast<char*>(workspace);
   float* delta = reinterpret_cast<float*>(base + layout.delta_offset);
 
@@ -99,6 +98,21 @@ fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* wor
     }
   }
   return FA_OK;
+}
+
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
+  using T = typename ElementOf<Tag>::type;
+  using Traits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal>;
+  using LargeSmemTraits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal, true>;
+  if (params.total_q == 0 && params.total_k == 0) return FA_OK;
+  if constexpr (LargeSmemTraits::kSmemBytes != Traits::kSmemBytes) {
+    int max_optin = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, params.device_index));
+    if (LargeSmemTraits::kSmemBytes <= max_optin)
+      return run_bwd_with<LargeSmemTraits>(params, layout, workspace, stream);
+  }
+  return run_bwd_with<Traits>(params, layout, workspace, stream);
 }
 
 }  // namespace flashattn::cuda
