@@ -44,8 +44,11 @@ struct SplitKvTraits {
   // 3 x 64 KiB of ring fit the 227 KiB of an SM; with 4 rows, 168 registers hold q, O and the state.
   static constexpr int kMinBlocks = kRows <= 4 ? 3 : 2;
   static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "a key row fits a warp");
-  // Merge buffers: O (kStates, kRows, kHeadDim), m and l (kStates, kRows), fp32.
-  static constexpr size_t smem_bytes() { return size_t(kStates) * kRows * (kHeadDim + 2) * sizeof(float); }
+  // Ring: (kWarps, kStages, K|V, kUnroll, 32 lanes) 16-byte chunks = 64 KiB; reused after the loop
+  // for the merge: O (kStates, kRows, kHeadDim), m and l (kStates, kRows), fp32.
+  static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * 2 * kUnroll * 32 * 16; }
+  static constexpr size_t merge_bytes() { return size_t(kStates) * kRows * (kHeadDim + 2) * sizeof(float); }
+  static constexpr size_t smem_bytes() { return ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes(); }
 };
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
