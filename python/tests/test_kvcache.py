@@ -187,3 +187,39 @@ def test_decode_loop_matches_full_attention():
         outs.append(flashattn.flash_attn_with_kvcache(q[:, t:t + 1], k_cache, v_cache, k[:, t:t + 1], v[:, t:t + 1],
                                                       cache_seqlens=seqlens, block_table=table, causal=True))
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("left_pad", [False, True])
+def test_hf_generate_decodes_through_the_cache(left_pad, monkeypatch):
+    """HF greedy generate with attn_implementation="flashattn": decode steps run flash_attn_with_kvcache
+    (left padding as cache_leftpad) and give the tokens of "sdpa" on a small random-init Llama."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    if not hasattr(transformers, "AttentionInterface"):
+        pytest.skip("transformers has no AttentionInterface (needs >= 4.48)")
+    import flashattn.integrations.transformers as fa_hf
+    import flashattn.kvcache as kvcache
+
+    calls = []
+    original = kvcache.flash_attn_with_kvcache
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("cache_leftpad") is not None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kvcache, "flash_attn_with_kvcache", counting)
+    fa_hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    ref = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").float().eval()
+    ours = transformers.LlamaForCausalLM._from_config(config, attn_implementation="flashattn").float().eval()
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(1, 96, (2, 11))
+    mask = torch.ones_like(ids)
+    if left_pad:
+        mask[0, :4] = 0
+    kw = dict(max_new_tokens=8, do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))
+    assert len(calls) >= 7 * config.num_hidden_layers, "decode steps did not use flash_attn_with_kvcache"
+    assert any(calls) == left_pad

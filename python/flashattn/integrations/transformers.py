@@ -8,6 +8,8 @@ The attention function follows transformers' flash-attention path: with a 2-D pa
 to a varlen call (left or right padding), with packed rows (position_ids that restart, or the
 cu_seq_lens_* kwargs of DataCollatorWithFlattening) it runs one varlen call over the packed
 sequences, otherwise one dense call on (B, S, H, D) views of the (B, H, S, D) inputs, without copies.
+Decode steps (at most 16 new queries against a longer cache, no autograd) run flash_attn_with_kvcache on
+the cache as it is, left padding becoming cache_leftpad.
 Causal masks are bottom-right aligned, which is what a KV cache needs (queries are the last tokens).
 """
 from __future__ import annotations
@@ -38,6 +40,39 @@ def _packed_cu_seqlens(position_ids: torch.Tensor, batch: int, seqlen: int) -> O
     return torch.cat([idx, torch.tensor([batch * seqlen], dtype=torch.int32, device=idx.device)])
 
 
+# Decode steps (a few new queries against a longer cache) go through flash_attn_with_kvcache: split-KV
+# on the GPU, the query heads of a KV head packed together. Training and autograd stay on the dense path.
+_DECODE_MAX_QUERIES = 16
+
+
+def _decode_with_kvcache(q, k, v, attention_mask, opts):
+    """q (B, Sq, H, D), k/v (B, Sk, Hkv, D) views; None when the step is not a decode step it can serve.
+
+    Left padding (a 2-D mask of zeros then ones, the queries unpadded) becomes cache_leftpad.
+    """
+    from ..kvcache import flash_attn_with_kvcache
+
+    b, sq, _, d = q.shape
+    sk = k.shape[1]
+    if sq > _DECODE_MAX_QUERIES or sq >= sk or opts["dropout_p"] > 0.0 or d % 8 or v.shape[-1] % 8:
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return None
+    leftpad = None
+    if attention_mask is not None:
+        kmask = attention_mask[:, -sk:].bool()
+        ones = kmask.sum(1, dtype=torch.int32)
+        pads = sk - ones
+        first_one = kmask.to(torch.int8).argmax(1).to(torch.int32)
+        if not bool(kmask[:, -sq:].all()) or not bool(((first_one == pads) & (ones > 0)).all()):
+            return None  # not plain left padding: the varlen path
+        leftpad = pads if bool((pads > 0).any()) else None
+    seqlens = torch.full((b,), sk, dtype=torch.int32, device=q.device)
+    return flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, cache_leftpad=leftpad,
+                                   softmax_scale=opts["softmax_scale"], causal=opts["causal"],
+                                   window_size=opts["window_size"], softcap=opts["softcap"])
+
+
 def flashattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                 value: torch.Tensor, attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                                 scaling: Optional[float] = None, sliding_window: Optional[int] = None,
@@ -55,6 +90,11 @@ def flashattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     b, h, sq, _ = query.shape
     sk = key.shape[2]
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
+
+    if kwargs.get("cu_seq_lens_q") is None and (attention_mask is None or attention_mask.dim() == 2):
+        out = _decode_with_kvcache(q, k, v, attention_mask, opts)
+        if out is not None:
+            return out, None
 
     if attention_mask is not None:
         if attention_mask.dim() != 2:

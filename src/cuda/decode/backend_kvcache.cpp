@@ -41,10 +41,6 @@ int kvcache_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   return 0;
 }
 
-// Blocks of split_kv_kernel resident per SM: shared memory bounds it (82 KiB at
-// D <= 128, 155 KiB at 256, of 227 KiB on sm_90 and 163 KiB on sm_80).
-int blocks_per_sm(int head_dim_class) { return head_dim_class <= 128 ? 2 : 1; }
-
 // flash-attn's rule: the fewest splits whose wave efficiency (blocks / (waves * slots))
 // is within 85% of the best; no split when B * Hkv * row blocks already fill the GPU.
 // A split gets at least two tiles of keys. Measured on the H200 (dev/kvcache_decode.md):
@@ -68,8 +64,10 @@ int choose_splits(int64_t blocks, int64_t capacity, int slots) {
 
 fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
-  plan->row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + decode::kRowsPerBlock - 1) / decode::kRowsPerBlock));
-  plan->rows_padded = plan->row_blocks * decode::kRowsPerBlock;
+  const bool warp_kernel = FLASHATTN_CUDA_DECODE_WARP;
+  const int block_rows = decode::rows_per_block(rows, warp_kernel);
+  plan->row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + block_rows - 1) / block_rows));
+  plan->rows_padded = plan->row_blocks * block_rows;
   const int64_t blocks = p.batch * p.heads_kv * plan->row_blocks;
   const int64_t max_by_keys = std::max<int64_t>(1, (p.capacity + decode::kKeysPerTile - 1) / decode::kKeysPerTile);
   if (p.num_splits > 0) {
@@ -77,7 +75,9 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   } else {
     int sm_count = 0;
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
-    const int slots = sm_count * blocks_per_sm(kvcache_head_dim_class(p.head_dim, p.head_dim_v));
+    // The tile kernel at D = 256 (155 KiB of shared memory) fits once per SM.
+    const bool wide_tiles = !warp_kernel && kvcache_head_dim_class(p.head_dim, p.head_dim_v) > 128;
+    const int slots = sm_count * (wide_tiles ? 1 : decode::blocks_per_sm(rows, warp_kernel));
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
   if (plan->splits > 1) {

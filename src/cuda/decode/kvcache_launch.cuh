@@ -5,6 +5,8 @@
 
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
+#include "cuda/decode/split_kv_warp.cuh"
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_DECODE_WARP
 
 namespace flashattn::cuda::decode {
 
@@ -19,11 +21,38 @@ struct DecodeElementOf<bf16_tag> {
   using type = __nv_bfloat16;
 };
 
+// The warp-streamed kernel (split_kv_warp.cuh) with kRows packed rows per block.
+template <typename Element, int kHeadDim, int kRows>
+fa_status launch_split_kv_warp(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
+                               float* lse_partial, cudaStream_t stream) {
+  using Traits = SplitKvWarpTraits<Element, kHeadDim, kRows>;
+  const int smem = static_cast<int>(Traits::smem_bytes());
+  auto kernel = split_kv_warp_kernel<Traits, Element>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
+  FA_CUDA_CHECK(cudaGetLastError());
+  return FA_OK;
+}
+
+// The tile kernel (kvcache_kernel.cuh), 16 packed rows per block.
+template <typename Element, int kHeadDim>
+fa_status launch_split_kv_tiles(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
+                                float* lse_partial, cudaStream_t stream) {
+  using Traits = DecodeTraits<Element, kHeadDim>;
+  static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
+  const int smem = static_cast<int>(Traits::smem_bytes());
+  auto kernel = split_kv_kernel<Traits, Element>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
+  FA_CUDA_CHECK(cudaGetLastError());
+  return FA_OK;
+}
+
 template <typename Tag, int kHeadDim>
 fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
   using Element = typename DecodeElementOf<Tag>::type;
-  using Traits = DecodeTraits<Element, kHeadDim>;
-  static_assert(Traits::kRows == kRowsPerBlock && Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
   if (p.seqlen_new > 0 && p.batch > 0) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
     if (blocks > INT32_MAX) return fail(FA_ERROR_UNSUPPORTED, "k_new: more than 2^31 - 1 rows to append");
@@ -36,19 +65,22 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   if (batch_heads > 65535 || plan.row_blocks > 65535)
     return fail(FA_ERROR_UNSUPPORTED, "q: B * Hkv = %lld exceeds the grid limit 65535 of the decode kernel",
                 static_cast<long long>(batch_heads));
-  const int smem = static_cast<int>(Traits::smem_bytes());
-  auto kernel = split_kv_kernel<Traits, Element>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   char* base = static_cast<char*>(workspace);
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
-  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(batch_heads));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
-  FA_CUDA_CHECK(cudaGetLastError());
+  const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
+  fa_status status = FA_OK;
+  if constexpr (FLASHATTN_CUDA_DECODE_WARP != 0) {  // only the chosen kernel is instantiated
+    status = rows_per_block(rows, true) == 4
+                 ? launch_split_kv_warp<Element, kHeadDim, 4>(p, plan, o_partial, lse_partial, stream)
+                 : launch_split_kv_warp<Element, kHeadDim, 8>(p, plan, o_partial, lse_partial, stream);
+  } else {
+    status = launch_split_kv_tiles<Element, kHeadDim>(p, plan, o_partial, lse_partial, stream);
+  }
+  FA_TRY(status);
   if (plan.splits > 1) {
     constexpr int kWarps = 4;
-    const int64_t rows = batch_heads * p.seqlen_q * (p.heads / p.heads_kv);
-    const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+    const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kWarps - 1) / kWarps);
     combine_kernel<Element><<<blocks, kWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
                                                                  plan.rows_padded);
     FA_CUDA_CHECK(cudaGetLastError());

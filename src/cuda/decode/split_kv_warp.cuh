@@ -1,6 +1,4 @@
-// NOT BUILT: the second version of the split-KV kernel, kept for the record (dev/kvcache_decode.md).
-// Its first launch on the H200 failed with an illegal address; the library keeps src/cuda/decode v1.
-// Split-KV ("flash-decoding") attention against a KV cache, for sm_80 and sm_90a.
+// Split-KV ("flash-decoding") attention against a KV cache, warp-streamed variant, for sm_80 and sm_90a.
 //
 // Decode reads every K/V byte of the cache once and does little math per byte
 // (R = Sq * G packed rows x (D + Dv) FMAs per key, G = H / Hkv), so the kernel
@@ -15,8 +13,10 @@
 // group keeps its own online-softmax state (m, l, O) for its rows, so the loop
 // needs only the butterfly sum of a dot product inside a group. At the end the
 // kWarps * kGroups states of the block are merged exactly through shared memory.
-// A measured first version (cp.async tiles in shared memory, block barriers per
-// tile) reached ~35% of the copy bandwidth: docs/results, dev/kvcache_decode.md.
+// The default build runs the tile kernel of kvcache_kernel.cuh (measured on the
+// H200: ~1 TB/s, latency-bound); this one is built with
+// -DFLASHATTN_CUDA_DECODE=warp and is verified only by dev/kvcache_emulator so
+// far: dev/kvcache_decode.md.
 //
 // Block: kWarps warps, rows r = i * G + g (query i, head g of the group) of one
 // (batch row, kv head), at most kRows per block (more rows: gridDim.y blocks).
@@ -28,7 +28,7 @@
 namespace flashattn::cuda::decode {
 
 template <typename Element, int kHeadDim_, int kRows_>
-struct SplitKvTraits {
+struct SplitKvWarpTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;    // packed query rows per block (registers: q and O per row)
   static constexpr int kWarps = 4;
@@ -44,20 +44,12 @@ struct SplitKvTraits {
   // 3 x 64 KiB of ring fit the 227 KiB of an SM; with 4 rows, 168 registers hold q, O and the state.
   static constexpr int kMinBlocks = kRows <= 4 ? 3 : 2;
   static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "a key row fits a warp");
-  // Merge buffers: O (kStates, kRows, kHeadDim), m and l (kStates, kRows), fp32.
-  static constexpr size_t smem_bytes() { return size_t(kStates) * kRows * (kHeadDim + 2) * sizeof(float); }
+  // Ring: (kWarps, kStages, K|V, kUnroll, 32 lanes) 16-byte chunks = 64 KiB; reused after the loop
+  // for the merge: O (kStates, kRows, kHeadDim), m and l (kStates, kRows), fp32.
+  static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * 2 * kUnroll * 32 * 16; }
+  static constexpr size_t merge_bytes() { return size_t(kStates) * kRows * (kHeadDim + 2) * sizeof(float); }
+  static constexpr size_t smem_bytes() { return ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes(); }
 };
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing is read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // Element offset of cache position `position` (kv head 0) of batch row b, -1 for a page outside the cache.
 // Positions fit int32 (checked on the host): the page division is a 32-bit one.
@@ -82,7 +74,7 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 template <typename Traits, typename Element>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
-    split_kv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
+    split_kv_warp_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
   constexpr int kRows = Traits::kRows, kUnroll = Traits::kUnroll, kGroups = Traits::kGroups;
   constexpr int kLanesPerKey = Traits::kLanesPerKey, kHeadDim = Traits::kHeadDim;
   extern __shared__ __align__(16) uint4 smem_chunks[];

@@ -1,0 +1,73 @@
+// Runs the split-KV decode kernels on the CPU: one std::thread per CUDA thread,
+// barriers for __syncthreads and for every warp shuffle, cp.async as a copy,
+// exact-size host buffers, built with AddressSanitizer (run.sh). Checks O
+// against an fp64 reference. usage: emu S [page_size (0 = contiguous)] [splits] [tiles]
+#include "shim.hpp"
+#include "split_kv_warp_host.hpp"
+#include <cstdio>
+#include <random>
+using namespace flashattn;
+using namespace flashattn::cuda::decode;
+using E = __nv_bfloat16;
+int main(int argc, char** argv) {
+  const int B = 1, H = 32, Hkv = 8, D = 128, S = argc > 1 ? atoi(argv[1]) : 300;
+  const bool paged = argc > 2 && atoi(argv[2]) > 0; const int page = paged ? atoi(argv[2]) : 0;
+  std::mt19937 rng(1); std::normal_distribution<float> nd;
+  std::vector<E> q(B * 1 * H * D), kc(B * S * Hkv * D), vc(B * S * Hkv * D), out(B * H * D);
+  for (auto& x : q) x = __float2bfloat16_rn(nd(rng));
+  for (auto& x : kc) x = __float2bfloat16_rn(nd(rng));
+  for (auto& x : vc) x = __float2bfloat16_rn(nd(rng));
+  std::vector<int32_t> seqlens(B, S), table;
+  std::vector<float> lse(B * H);
+  KvCacheParams p;
+  p.dtype = FA_DTYPE_BF16; p.batch = B; p.heads = H; p.heads_kv = Hkv; p.head_dim = D; p.head_dim_v = D; p.seqlen_q = 1;
+  p.cache_batch = B; p.page_rows = S; p.capacity = S;
+  if (paged) { int blocks = (S + page - 1) / page; p.paged = true; p.cache_batch = B * blocks; p.page_rows = page; p.max_blocks = blocks; p.capacity = int64_t(blocks) * page;
+    for (int i = 0; i < blocks; ++i) table.push_back(i); p.block_table = table.data(); p.block_table_stride = blocks; }
+  p.q = q.data(); p.k_cache = kc.data(); p.v_cache = vc.data(); p.o = out.data(); p.lse = lse.data();
+  p.q_layout = {int64_t(H) * D, int64_t(H) * D, D};
+  p.k_cache_layout = paged ? TensorLayout{int64_t(page) * Hkv * D, int64_t(Hkv) * D, D} : TensorLayout{int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
+  p.v_cache_layout = p.k_cache_layout;
+  p.o_layout = {int64_t(H) * D, int64_t(H) * D, D};
+  p.lse_layout = {H, 1, 1};
+  p.cache_seqlens = seqlens.data();
+  p.softmax_scale = 1.0f / std::sqrt(128.0f); p.causal = true; p.window_right = 0;
+  const bool tiles = argc > 4 && atoi(argv[4]) != 0;  // the tile kernel (16 rows per block) instead
+  using Traits = SplitKvWarpTraits<E, 128, 4>;
+  using TileTraits = DecodeTraits<E, 128>;
+  const int rows_padded = tiles ? 16 : 4;
+  const int splits = argc > 3 ? atoi(argv[3]) : 1;
+  std::vector<float> o_part(size_t(splits) * B * Hkv * 16 * D), lse_part(size_t(splits) * B * Hkv * 16);
+  float* op = splits > 1 ? o_part.data() : nullptr; float* lp = splits > 1 ? lse_part.data() : nullptr;
+  emu::grid = {unsigned(splits), 1, unsigned(B * Hkv)}; emu::block = {128, 1, 1};
+  for (unsigned xz = 0; xz < emu::grid.z * emu::grid.x; ++xz) { const unsigned z = xz / emu::grid.x, x = xz % emu::grid.x;
+    std::vector<unsigned char> smem(tiles ? TileTraits::smem_bytes() : Traits::smem_bytes());
+    emu::block_smem = smem.data();
+    std::barrier<> bar(128); emu::block_barrier = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
+    for (auto& th : threads) th.join();
+  }
+  if (splits > 1) {
+    const int rows = B * Hkv * 4; const unsigned blocks = (rows + 3) / 4;
+    emu::grid = {blocks, 1, 1};
+    for (unsigned x = 0; x < blocks; ++x) {
+      std::barrier<> bar(128); emu::block_barrier = &bar;
+      std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
+      std::vector<std::thread> threads;
+      for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, x] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, 0}; combine_kernel<E>(p, op, lp, splits, rows_padded); });
+      for (auto& th : threads) th.join();
+    }
+  }
+  // reference
+  double worst = 0;
+  for (int h = 0; h < H; ++h) { int hk = h / 4; std::vector<double> s(S); double m = -1e300;
+    for (int j = 0; j < S; ++j) { double d = 0; for (int e = 0; e < D; ++e) d += double(__bfloat162float(q[h*D+e])) * __bfloat162float(kc[(j*Hkv+hk)*D+e]); s[j] = d * p.softmax_scale; m = std::max(m, s[j]); }
+    double l = 0; for (int j = 0; j < S; ++j) { s[j] = std::exp(s[j] - m); l += s[j]; }
+    for (int e = 0; e < D; ++e) { double o = 0; for (int j = 0; j < S; ++j) o += s[j] * __bfloat162float(vc[(j*Hkv+hk)*D+e]); o /= l; worst = std::max(worst, std::fabs(o - __bfloat162float(out[h*D+e]))); }
+  }
+  std::printf("S=%d page=%d splits=%d %s: max |O - fp64| %.3e, lse[0] %f\n", S, page, splits, tiles ? "tiles" : "warp",
+              worst, lse[0]);
+  return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
+}
