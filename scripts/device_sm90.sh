@@ -47,7 +47,7 @@ if has_stage build && [ -z "${FA_PREBUILT:-}" ]; then
     GTEST_ARGS=(-DGTest_ROOT=/tmp/gtest)
   fi
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-    -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+    -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_HEADDIMS="64;128;256" -DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON \
     "-DFLASHATTN_CUDA_GENCODE=-gencode=arch=compute_90a,code=sm_90a" "${GTEST_ARGS[@]}" \
     >>"$BUILD_LOG" 2>&1 || { note "cmake FAILED"; tail -30 "$BUILD_LOG"; exit 1; }
   start=$(date +%s)

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/launch.hpp"
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_SM90_ALL_SCHEDULES
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
@@ -51,19 +52,32 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   FA_TRY(encode_tensor_map(&args.tma_v, params.dtype, params.v, params.head_dim_v, rows_k, params.heads_kv, batch,
                            params.v_layout, Traits::kBlockN));
   const bool extras = params.softcap > 0.0f || params.alibi_slopes != nullptr;
-  // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process).
+  // Softcap / ALiBi kernels spill under v2 and v3 (up to 470 bytes at hdim 128): they run v1.
+  constexpr int kPlainSchedule = default_schedule(kHeadDim);
+  int schedule = extras ? 1 : kPlainSchedule;
+  // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process) in builds
+  // with -DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON.
   const char* schedule_name = std::getenv("FLASHATTN_SM90_SCHEDULE");
-  // Softcap / ALiBi kernels spill under v2 and v3 (up to 470 bytes at hdim 128): they default to v1.
-  int schedule = extras ? 1 : default_schedule(kHeadDim);
-  if (schedule_name != nullptr && schedule_name[0] == 'v' && schedule_name[1] >= '1' && schedule_name[1] <= '3')
+  if (schedule_name != nullptr && schedule_name[0] == 'v' && schedule_name[1] >= '1' && schedule_name[1] <= '3') {
+    if (!FLASHATTN_CUDA_SM90_ALL_SCHEDULES)
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "FLASHATTN_SM90_SCHEDULE=%s: this build has only the default schedules; configure with "
+                  "-DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON to choose one",
+                  schedule_name);
     schedule = schedule_name[1] - '0';
+  }
   auto pick = [&](auto extras_tag) {
     constexpr bool kExtras = decltype(extras_tag)::value;
-    return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1>
-           : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2>
-                           : sm90::fwd_kernel<Traits, kExtras, 3>;
+    if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES) {
+      return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1>
+             : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2>
+                             : sm90::fwd_kernel<Traits, kExtras, 3>;
+    } else {
+      return sm90::fwd_kernel<Traits, kExtras, kExtras ? 1 : kPlainSchedule>;
+    }
   };
   auto kernel = extras ? pick(std::true_type{}) : pick(std::false_type{});
+  (void)schedule;  // read only when every schedule is compiled
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   FA_CUDA_CHECK(cudaGetLastError());
