@@ -212,27 +212,32 @@ BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_va
   return layout;
 }
 
-fa_status check_supported(const AttnParams& params) {
-  if (params.dtype != FA_DTYPE_FP16 && params.dtype != FA_DTYPE_BF16)
+fa_status check_dtype_and_device(fa_dtype dtype, int device_index) {
+  if (dtype != FA_DTYPE_FP16 && dtype != FA_DTYPE_BF16)
     return fail(FA_ERROR_UNSUPPORTED, "q: dtype fp32 is not supported on CUDA; expected fp16 or bf16");
-  if (!dtype_compiled(params.dtype))
+  if (!dtype_compiled(dtype))
     return fail(FA_ERROR_UNSUPPORTED, "q: dtype %s is not compiled into this CUDA build (FLASHATTN_CUDA_DTYPES)",
-                params.dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+                dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+  int device_count = 0;
+  const cudaError_t count_status = cudaGetDeviceCount(&device_count);
+  if (count_status != cudaSuccess || device_index < 0 || device_index >= device_count)
+    return fail(FA_ERROR_BACKEND, "q: expected a CUDA device index in [0, %d), got %d (%s)", device_count,
+                device_index, cudaGetErrorString(count_status));
+  int major = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index));
+  if (major < 8)
+    return fail(FA_ERROR_UNSUPPORTED, "q: the CUDA backend needs compute capability 8.0 or newer, device %d has %d.x",
+                device_index, major);
+  return FA_OK;
+}
+
+fa_status check_supported(const AttnParams& params) {
+  FA_TRY(check_dtype_and_device(params.dtype, params.device_index));
   if (head_dim_class(params.head_dim, params.head_dim_v) == 0)
     return fail(FA_ERROR_UNSUPPORTED,
                 "q: head dims D = %" PRId64 ", Dv = %" PRId64
                 " need a head-dim class this build did not compile (FLASHATTN_CUDA_HEADDIMS)",
                 params.head_dim, params.head_dim_v);
-  int device_count = 0;
-  const cudaError_t count_status = cudaGetDeviceCount(&device_count);
-  if (count_status != cudaSuccess || params.device_index < 0 || params.device_index >= device_count)
-    return fail(FA_ERROR_BACKEND, "q: expected a CUDA device index in [0, %d), got %d (%s)", device_count,
-                params.device_index, cudaGetErrorString(count_status));
-  int major = 0;
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.device_index));
-  if (major < 8)
-    return fail(FA_ERROR_UNSUPPORTED, "q: the CUDA backend needs compute capability 8.0 or newer, device %d has %d.x",
-                params.device_index, major);
   if (params.seqlen_q > INT32_MAX || params.seqlen_k > INT32_MAX)
     return fail(FA_ERROR_UNSUPPORTED, "q: sequence lengths beyond 2^31 - 1 are not supported on CUDA");
   FA_TRY(check_operand("q", params.q, params.q_layout, params.total_q));

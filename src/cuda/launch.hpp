@@ -31,6 +31,10 @@ struct BwdWorkspace {
   int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
 };
 
+// What every CUDA entry point checks first: fp16 or bf16, compiled into this
+// build, on a device index that exists with compute capability 8.0 or newer.
+fa_status check_dtype_and_device(fa_dtype dtype, int device_index);
+
 // Head-dimension class of the compiled kernels for D, Dv, or 0 if none fits.
 int head_dim_class(int64_t head_dim, int64_t head_dim_v);
 BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class);

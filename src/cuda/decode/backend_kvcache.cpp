@@ -132,28 +132,12 @@ fa_status dispatch(const KvCacheParams& p, Fn&& fn) {
 }  // namespace
 
 fa_status check_kvcache_supported(const KvCacheParams& p) {
-  if (p.dtype != FA_DTYPE_FP16 && p.dtype != FA_DTYPE_BF16)
-    return fail(FA_ERROR_UNSUPPORTED, "q: dtype fp32 is not supported on CUDA; expected fp16 or bf16");
-  const bool compiled = (p.dtype == FA_DTYPE_FP16 && FLASHATTN_CUDA_HAS_FP16) ||
-                        (p.dtype == FA_DTYPE_BF16 && FLASHATTN_CUDA_HAS_BF16);
-  if (!compiled)
-    return fail(FA_ERROR_UNSUPPORTED, "q: dtype %s is not compiled into this CUDA build (FLASHATTN_CUDA_DTYPES)",
-                p.dtype == FA_DTYPE_FP16 ? "fp16" : "bf16");
+  FA_TRY(check_dtype_and_device(p.dtype, p.device_index));
   if (kvcache_head_dim_class(p.head_dim, p.head_dim_v) == 0)
     return fail(FA_ERROR_UNSUPPORTED,
                 "q: head dims D = %" PRId64 ", Dv = %" PRId64
                 " need a decode head-dim class (64, 128, 256) this build did not compile (FLASHATTN_CUDA_HEADDIMS)",
                 p.head_dim, p.head_dim_v);
-  int device_count = 0;
-  const cudaError_t count_status = cudaGetDeviceCount(&device_count);
-  if (count_status != cudaSuccess || p.device_index < 0 || p.device_index >= device_count)
-    return fail(FA_ERROR_BACKEND, "q: expected a CUDA device index in [0, %d), got %d (%s)", device_count,
-                p.device_index, cudaGetErrorString(count_status));
-  int major = 0;
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index));
-  if (major < 8)
-    return fail(FA_ERROR_UNSUPPORTED, "q: the CUDA backend needs compute capability 8.0 or newer, device %d has %d.x",
-                p.device_index, major);
   if (p.capacity > INT32_MAX)
     return fail(FA_ERROR_UNSUPPORTED, "k_cache: cache capacities beyond 2^31 - 1 positions are not supported on CUDA");
   FA_TRY(check_aligned("k_cache", p.k_cache, p.k_cache_layout, p.cache_batch > 0));

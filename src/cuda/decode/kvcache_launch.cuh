@@ -4,22 +4,12 @@
 #pragma once
 
 #include "cuda/decode/kvcache_kernel.cuh"
+#include "cuda/element_type.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
 #include "cuda/decode/split_kv_warp.cuh"
 #include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_DECODE_WARP
 
 namespace flashattn::cuda::decode {
-
-template <typename Tag>
-struct DecodeElementOf;
-template <>
-struct DecodeElementOf<fp16_tag> {
-  using type = __half;
-};
-template <>
-struct DecodeElementOf<bf16_tag> {
-  using type = __nv_bfloat16;
-};
 
 // The warp-streamed kernel (split_kv_warp.cuh) with kRows packed rows per block.
 template <typename Element, int kHeadDim, int kRows>
@@ -52,7 +42,7 @@ fa_status launch_split_kv_tiles(const KvCacheParams& p, const KvCachePlan& plan,
 
 template <typename Tag, int kHeadDim>
 fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
-  using Element = typename DecodeElementOf<Tag>::type;
+  using Element = typename ElementOf<Tag>::type;
   if (p.seqlen_new > 0 && p.batch > 0) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
     if (blocks > INT32_MAX) return fail(FA_ERROR_UNSUPPORTED, "k_new: more than 2^31 - 1 rows to append");

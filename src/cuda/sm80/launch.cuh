@@ -5,22 +5,12 @@
 
 #include <algorithm>
 
+#include "cuda/element_type.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
 
 namespace flashattn::cuda {
-
-template <typename Tag>
-struct ElementOf;
-template <>
-struct ElementOf<fp16_tag> {
-  using type = __half;
-};
-template <>
-struct ElementOf<bf16_tag> {
-  using type = __nv_bfloat16;
-};
 
 template <class Kernel>
 fa_status prepare_smem(Kernel kernel, int smem_bytes, int device_index, const char* what) {

@@ -3,29 +3,16 @@
 // the tensor maps on the host and enqueues one kernel: no allocation, no sync.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdlib>
 #include <type_traits>
 
+#include "cuda/element_type.cuh"
 #include "cuda/launch.hpp"
-#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_SM90_ALL_SCHEDULES
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_SM90_ALL_SCHEDULES
 
 namespace flashattn::cuda {
-
-template <typename Tag>
-struct Sm90Element;
-template <>
-struct Sm90Element<fp16_tag> {
-  using type = __half;
-};
-template <>
-struct Sm90Element<bf16_tag> {
-  using type = __nv_bfloat16;
-};
 
 // The default consumer schedule (sm90::fwd_kernel's kSchedule) of the plain
 // kernels, measured on the H200 (docs/sm90_tuning.md): v2 (softmax of tile j
@@ -35,7 +22,7 @@ constexpr int default_schedule(int head_dim) { return head_dim <= 64 ? 3 : 2; }
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm90::FwdTraits<typename Sm90Element<Tag>::type, kHeadDim, kMaskDiagonal>;
+  using Traits = sm90::FwdTraits<typename ElementOf<Tag>::type, kHeadDim, kMaskDiagonal>;
   const dim3 grid(static_cast<unsigned>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                   static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch));
   if (grid.x == 0 || grid.z == 0) return FA_OK;
