@@ -8,6 +8,7 @@
 //                   cannot represent (P): a kernel set that rounds operands
 //                   (AMX, bf16) adds the product of A's rounding residual,
 //                   overwriting A with it; the others are gemm
+//   gemm_exact_b    the same for a B that holds P
 //   exp2_sub_vec    x[i] = exp2(x[i] * mul - sub[i])
 //   exp2_sub_vec_sum  the same, and sum[i] += x[i]
 //   exp2_sub_scalar x[i] = exp2(x[i] * mul - sub)
@@ -17,6 +18,11 @@
 //                   promise that B operand b keeps its contents until unpinned,
 //                   so a kernel set that repacks B (AMX) packs it once; a gemm
 //                   on a column window b + 16 * t of it reuses the packing
+//   pack_chunk(op, chunk, rows) / share(slot, op) / unshare(slot)
+//                   pack one chunk of staged rows in the kernel set's layout
+//                   (scratch.hpp, SharedOperand), and let gemms whose A or B
+//                   lies in op read that packing; no-ops where operands are
+//                   read as fp32 (generic, AVX-512)
 #pragma once
 
 #include "common/params.hpp"

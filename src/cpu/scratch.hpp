@@ -261,7 +261,9 @@ struct StagedKvHeads {
   int pieces = 0;
   SharedOperand k_a, vt_a;         // of head 0
   StagedKv head(int64_t i) const {
-    StagedKv kv{k + i * k_head, v + i * v_head};
+    StagedKv kv;
+    kv.k = k + i * k_head;
+    kv.v = v + i * v_head;
     kv.k_a = shifted(k_a, i * k_head, i * chunks, pieces);
     kv.vt_a = shifted(vt_a, i * v_head, i * chunks, pieces);
     return kv;
