@@ -111,6 +111,50 @@ TensorLayout layout_of(const fa_tensor& t, bool varlen) {
   return layout;
 }
 
+fa_status check_alibi(const fa_tensor& alibi, const fa_tensor& q, int64_t batch, int64_t heads,
+                      const float*& slopes, int64_t& batch_stride) {
+  if (alibi.data == nullptr) return FA_OK;
+  if (alibi.rank != 1 && alibi.rank != 2)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "alibi_slopes: expected shape (H) or (B, H), got rank %d",
+                static_cast<int>(alibi.rank));
+  FA_TRY(check_view("alibi_slopes", alibi, alibi.rank));
+  FA_TRY(check_dtype("alibi_slopes", alibi, FA_DTYPE_FP32));
+  FA_TRY(check_same_device("alibi_slopes", alibi, q));
+  if (alibi.rank == 1) {
+    FA_TRY(check_shape("alibi_slopes", alibi, {heads}));
+    batch_stride = 0;
+  } else {
+    FA_TRY(check_shape("alibi_slopes", alibi, {batch, heads}));
+    batch_stride = alibi.strides[0];
+  }
+  slopes = static_cast<const float*>(alibi.data);
+  return FA_OK;
+}
+
+fa_status check_option_values(const fa_options& opts) {
+  const float scale = opts.softmax_scale;
+  if (std::isnan(scale) || std::isinf(scale) || scale < 0.0f)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "softmax_scale: expected a finite value >= 0 (0 = 1/sqrt(D)), got %g",
+                static_cast<double>(scale));
+  if (std::isnan(opts.softcap) || std::isinf(opts.softcap) || opts.softcap < 0.0f)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "softcap: expected a finite value >= 0 (0 = off), got %g",
+                static_cast<double>(opts.softcap));
+  if (opts.window_left < -1)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "window_left: expected -1 (unbounded) or a value >= 0, got %d",
+                opts.window_left);
+  if (opts.window_right < -1)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "window_right: expected -1 (unbounded) or a value >= 0, got %d",
+                opts.window_right);
+  if (raw(opts.alignment) != FA_ALIGN_BOTTOM_RIGHT && raw(opts.alignment) != FA_ALIGN_TOP_LEFT)
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "alignment: expected FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1), got %d",
+                static_cast<int>(raw(opts.alignment)));
+  if (opts.num_threads < 0)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "num_threads: expected 0 (default) or a positive count, got %d",
+                opts.num_threads);
+  return FA_OK;
+}
+
 fa_status check_cu_seqlens(const char* name, const fa_tensor& cu, const fa_tensor& q, int64_t batch,
                            int64_t total, int32_t max_seqlen, const char* max_name) {
   FA_TRY(check_view(name, cu, 1));
@@ -224,46 +268,11 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
     p.lse = static_cast<float*>(lse.data);
   }
 
-  if (alibi.data != nullptr) {
-    if (alibi.rank != 1 && alibi.rank != 2)
-      return fail(FA_ERROR_INVALID_ARGUMENT, "alibi_slopes: expected shape (H) or (B, H), got rank %d",
-                  static_cast<int>(alibi.rank));
-    FA_TRY(check_view("alibi_slopes", alibi, alibi.rank));
-    FA_TRY(check_dtype("alibi_slopes", alibi, FA_DTYPE_FP32));
-    FA_TRY(check_same_device("alibi_slopes", alibi, q));
-    if (alibi.rank == 1) {
-      FA_TRY(check_shape("alibi_slopes", alibi, {p.heads}));
-      p.alibi_batch_stride = 0;
-    } else {
-      FA_TRY(check_shape("alibi_slopes", alibi, {p.batch, p.heads}));
-      p.alibi_batch_stride = alibi.strides[0];
-    }
-    p.alibi_slopes = static_cast<const float*>(alibi.data);
-  }
-
-  const float scale = opts.softmax_scale;
-  if (std::isnan(scale) || std::isinf(scale) || scale < 0.0f)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "softmax_scale: expected a finite value >= 0 (0 = 1/sqrt(D)), got %g",
-                static_cast<double>(scale));
-  if (std::isnan(opts.softcap) || std::isinf(opts.softcap) || opts.softcap < 0.0f)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "softcap: expected a finite value >= 0 (0 = off), got %g",
-                static_cast<double>(opts.softcap));
+  FA_TRY(check_alibi(alibi, q, p.batch, p.heads, p.alibi_slopes, p.alibi_batch_stride));
+  FA_TRY(check_option_values(opts));
   if (!(opts.dropout_p >= 0.0f && opts.dropout_p < 1.0f))
     return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p: expected a probability in [0, 1), got %g",
                 static_cast<double>(opts.dropout_p));
-  if (opts.window_left < -1)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "window_left: expected -1 (unbounded) or a value >= 0, got %d",
-                opts.window_left);
-  if (opts.window_right < -1)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "window_right: expected -1 (unbounded) or a value >= 0, got %d",
-                opts.window_right);
-  if (raw(opts.alignment) != FA_ALIGN_BOTTOM_RIGHT && raw(opts.alignment) != FA_ALIGN_TOP_LEFT)
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                "alignment: expected FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1), got %d",
-                static_cast<int>(raw(opts.alignment)));
-  if (opts.num_threads < 0)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "num_threads: expected 0 (default) or a positive count, got %d",
-                opts.num_threads);
 
   p.q = q.data;
   p.k = k.data;
@@ -273,7 +282,8 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   p.k_layout = layout_of(k, varlen);
   p.v_layout = layout_of(v, varlen);
   p.o_layout = layout_of(out, varlen);
-  p.softmax_scale = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  p.softmax_scale =
+      opts.softmax_scale > 0.0f ? opts.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = opts.softcap;
   p.causal = opts.causal != 0;
   p.align_bottom_right = opts.alignment == FA_ALIGN_BOTTOM_RIGHT;

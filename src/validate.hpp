@@ -33,6 +33,11 @@ fa_status check_same_device(const char* name, const fa_tensor& t, const fa_tenso
 fa_status check_shape(const char* name, const fa_tensor& t, std::initializer_list<int64_t> dims);
 fa_status check_head_dim(const char* name, int64_t dim);
 TensorLayout layout_of(const fa_tensor& t, bool varlen);
+// fp32 slopes (H) or (B, H) on q's device (absent is fine): their pointer and batch stride (0 for (H)).
+fa_status check_alibi(const fa_tensor& alibi, const fa_tensor& q, int64_t batch, int64_t heads, const float*& slopes,
+                      int64_t& batch_stride);
+// softmax_scale, softcap, windows, alignment and num_threads (dropout_p is each caller's).
+fa_status check_option_values(const fa_options& opts);
 }  // namespace validation
 
 fa_status validate_fwd(const fa_fwd_args* args, FwdParams& params);

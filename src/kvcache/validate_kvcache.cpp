@@ -97,45 +97,14 @@ fa_status check_rotary(const fa_kvcache_args& a, KvCacheParams& p) {
 
 fa_status check_options(const fa_kvcache_args& a, KvCacheParams& p) {
   const fa_options& opts = a.opts;
-  if (std::isnan(opts.softmax_scale) || std::isinf(opts.softmax_scale) || opts.softmax_scale < 0.0f)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "softmax_scale: expected a finite value >= 0 (0 = 1/sqrt(D)), got %g",
-                static_cast<double>(opts.softmax_scale));
-  if (std::isnan(opts.softcap) || std::isinf(opts.softcap) || opts.softcap < 0.0f)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "softcap: expected a finite value >= 0 (0 = off), got %g",
-                static_cast<double>(opts.softcap));
+  FA_TRY(check_option_values(opts));
   if (opts.dropout_p != 0.0f)
     return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p: expected 0 (attention against a KV cache has no dropout), got %g",
                 static_cast<double>(opts.dropout_p));
-  if (opts.window_left < -1 || opts.window_right < -1)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "%s: expected -1 (unbounded) or a value >= 0, got %d",
-                opts.window_left < -1 ? "window_left" : "window_right",
-                opts.window_left < -1 ? opts.window_left : opts.window_right);
-  if (raw(opts.alignment) != FA_ALIGN_BOTTOM_RIGHT && raw(opts.alignment) != FA_ALIGN_TOP_LEFT)
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                "alignment: expected FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1), got %d",
-                static_cast<int>(raw(opts.alignment)));
-  if (opts.num_threads < 0)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "num_threads: expected 0 (default) or a positive count, got %d",
-                opts.num_threads);
   if (a.num_splits < 0)
     return fail(FA_ERROR_INVALID_ARGUMENT, "num_splits: expected 0 (heuristic) or a positive count, got %d",
                 a.num_splits);
-  const fa_tensor& alibi = a.alibi_slopes;
-  if (alibi.data != nullptr) {
-    if (alibi.rank != 1 && alibi.rank != 2)
-      return fail(FA_ERROR_INVALID_ARGUMENT, "alibi_slopes: expected shape (H) or (B, H), got rank %d",
-                  static_cast<int>(alibi.rank));
-    FA_TRY(check_view("alibi_slopes", alibi, alibi.rank));
-    FA_TRY(check_dtype("alibi_slopes", alibi, FA_DTYPE_FP32));
-    FA_TRY(check_same_device("alibi_slopes", alibi, a.q));
-    if (alibi.rank == 1) {
-      FA_TRY(check_shape("alibi_slopes", alibi, {p.heads}));
-    } else {
-      FA_TRY(check_shape("alibi_slopes", alibi, {p.batch, p.heads}));
-      p.alibi_batch_stride = alibi.strides[0];
-    }
-    p.alibi_slopes = static_cast<const float*>(alibi.data);
-  }
+  FA_TRY(check_alibi(a.alibi_slopes, a.q, p.batch, p.heads, p.alibi_slopes, p.alibi_batch_stride));
   p.softmax_scale =
       opts.softmax_scale > 0.0f ? opts.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = opts.softcap;
