@@ -10,8 +10,10 @@
 # Environment knobs:
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
 #                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt,
-#                                            "profile": ncu on the backward kernel)
+#                                            "profile": ncu on the backward kernel,
+#                                            "decode": the KV-cache decode benchmark against copy and SDPA)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
+#   FA_GENCODE=""                            CMake's FLASHATTN_CUDA_GENCODE (default: sm_80 + sm_90a)
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
 #   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
 #   FA_SANITIZERS="memcheck racecheck"       compute-sanitizer tools
@@ -39,13 +41,17 @@ if has_stage build; then
     GTEST_ARGS=(-DGTest_ROOT=/tmp/gtest)
   fi
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-    -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128;192;256}" "${GTEST_ARGS[@]}" >>"$OUT/build.log" 2>&1 ||
+    -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128;192;256}" ${FA_GENCODE:+-DFLASHATTN_CUDA_GENCODE="$FA_GENCODE"} \
+    "${GTEST_ARGS[@]}" >>"$OUT/build.log" 2>&1 ||
     { note "cmake FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1; }
   start=$(date +%s%N)
   ninja -C build -j "$JOBS" flashattn >>"$OUT/build.log" 2>&1 || { note "library build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
   lib_ms=$(( ($(date +%s%N) - start) / 1000000 ))
   note "== libflashattn (all CUDA kernels, sm_80 + sm_90a, -j$JOBS): $((lib_ms / 1000)).$(( (lib_ms % 1000) / 100 )) s"
-  ninja -C build -j "$JOBS" test_gpu >>"$OUT/build.log" 2>&1 || { note "test build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
+  test_targets=(test_gpu)
+  ninja -C build -t targets all | grep -q '^test_gpu_sm90:' && test_targets+=(test_gpu_sm90)
+  ninja -C build -j "$JOBS" "${test_targets[@]}" >>"$OUT/build.log" 2>&1 ||
+    { note "test build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
 fi
 
 if has_stage test; then
@@ -66,7 +72,7 @@ if has_stage sanitize; then
 SANITIZER_LOG="$OUT/gpu_tests.log"
   for tool in ${FA_SANITIZERS:-memcheck racecheck}; do
     timeout "${FA_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 ./build/tests/gpu/test_gpu \
-      --gtest_filter='GpuSanitizer.*:GpuDropout.*' >>"$SANITIZER_LOG" 2>&1
+      --gtest_filter="${FA_SANITIZE_FILTER:-GpuSanitizer.*:GpuDropout.*}" >>"$SANITIZER_LOG" 2>&1
     status=$?
     note "== compute-sanitizer $tool: exit $status, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$SANITIZER_LOG" | tail -1)"
   done
@@ -77,6 +83,14 @@ if has_stage bench; then
     python3 bench/gpu/bench_gpu.py --out "$OUT" ${FA_BENCH_ARGS:-} >"$OUT/bench_table.txt" 2>"$OUT/bench_stderr.log"
   note "== benchmark exit $?"
   tail -5 "$OUT/bench_stderr.log" >>"$SUMMARY"
+fi
+
+# Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
+if has_stage decode; then
+  PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
+    --out "$OUT" ${FA_DECODE_ARGS:-} >"$OUT/decode_table.txt" 2>&1
+  note "== decode benchmark exit $?"
+  cat "$OUT/decode_table.txt" >>"$SUMMARY"
 fi
 
 # The CPU backend against torch's CPU SDPA on this host's cores, same process.
@@ -155,8 +169,8 @@ fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 (cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=summary.txt --exclude=bench_table.txt \
-  --exclude=bench_gpu.json . && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt \
-  ! -name bench_table.txt ! -name bench_gpu.json -exec rm -rf {} +)
+  --exclude=bench_gpu.json --exclude=bench_decode.json . && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt \
+  ! -name bench_table.txt ! -name bench_gpu.json ! -name bench_decode.json -exec rm -rf {} +)
 
 cat "$SUMMARY"
 [ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"

@@ -10,7 +10,7 @@
 
 #include "backend.hpp"
 #include "cuda/decode/kvcache_launch.hpp"
-#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_HAS_HEADDIM_<d>, _HAS_FP16, _HAS_BF16
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_HAS_HEADDIM_<d>, _HAS_FP16, _HAS_BF16, _DECODE_KERNEL
 
 namespace flashattn::cuda {
 namespace {
@@ -64,8 +64,9 @@ int choose_splits(int64_t blocks, int64_t capacity, int slots) {
 
 fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
-  const bool warp_kernel = FLASHATTN_CUDA_DECODE_WARP;
-  const int block_rows = decode::rows_per_block(rows, warp_kernel);
+  const int head_dim_class = kvcache_head_dim_class(p.head_dim, p.head_dim_v);
+  const decode::DecodeKernel kernel = decode::decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, head_dim_class);
+  const int block_rows = decode::rows_per_block(rows, kernel);
   plan->row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + block_rows - 1) / block_rows));
   plan->rows_padded = plan->row_blocks * block_rows;
   const int64_t blocks = p.batch * p.heads_kv * plan->row_blocks;
@@ -75,9 +76,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   } else {
     int sm_count = 0;
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
-    // The tile kernel at D = 256 (155 KiB of shared memory) fits once per SM.
-    const bool wide_tiles = !warp_kernel && kvcache_head_dim_class(p.head_dim, p.head_dim_v) > 128;
-    const int slots = sm_count * (wide_tiles ? 1 : decode::blocks_per_sm(rows, warp_kernel));
+    const int slots = sm_count * decode::blocks_per_sm(rows, kernel, head_dim_class);
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
   if (plan->splits > 1) {

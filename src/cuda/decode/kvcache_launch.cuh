@@ -6,8 +6,9 @@
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/element_type.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
+#include "cuda/decode/split_kv_mma.cuh"
 #include "cuda/decode/split_kv_warp.cuh"
-#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_DECODE_WARP
+#include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_DECODE_KERNEL
 
 namespace flashattn::cuda::decode {
 
@@ -18,6 +19,20 @@ fa_status launch_split_kv_warp(const KvCacheParams& p, const KvCachePlan& plan, 
   using Traits = SplitKvWarpTraits<Element, kHeadDim, kRows>;
   const int smem = static_cast<int>(Traits::smem_bytes());
   auto kernel = split_kv_warp_kernel<Traits, Element>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
+  FA_CUDA_CHECK(cudaGetLastError());
+  return FA_OK;
+}
+
+// The tensor-core kernel (split_kv_mma.cuh), 16 packed rows per block.
+template <typename Element, int kHeadDim>
+fa_status launch_split_kv_mma(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial, float* lse_partial,
+                              cudaStream_t stream) {
+  using Traits = SplitKvMmaTraits<Element, kHeadDim>;
+  const int smem = static_cast<int>(Traits::smem_bytes());
+  auto kernel = split_kv_mma_kernel<Traits, Element>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
   kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
@@ -60,8 +75,11 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
   fa_status status = FA_OK;
-  if constexpr (FLASHATTN_CUDA_DECODE_WARP != 0) {  // only the chosen kernel is instantiated
-    status = rows_per_block(rows, true) == 4
+  constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
+  if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
+    status = launch_split_kv_mma<Element, kHeadDim>(p, plan, o_partial, lse_partial, stream);
+  } else if constexpr (kKernel == DecodeKernel::kWarp) {
+    status = rows_per_block(rows, kKernel) == 4
                  ? launch_split_kv_warp<Element, kHeadDim, 4>(p, plan, o_partial, lse_partial, stream)
                  : launch_split_kv_warp<Element, kHeadDim, 8>(p, plan, o_partial, lse_partial, stream);
   } else {

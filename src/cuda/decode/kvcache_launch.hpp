@@ -14,13 +14,29 @@ namespace flashattn::cuda::decode {
 // Keys per split come in multiples of kKeysPerTile (the tile of split_kv_kernel).
 constexpr int kKeysPerTile = 64;
 
+// The split-KV kernels (CMake option FLASHATTN_CUDA_DECODE): tensor cores
+// (split_kv_mma.cuh, head-dim classes up to 128), CUDA cores with a private
+// ring per warp (split_kv_warp.cuh), or block-wide tiles (kvcache_kernel.cuh).
+enum class DecodeKernel { kTiles = 0, kWarp = 1, kMma = 2 };
+
+// The kernel a build runs for a head-dim class: the configured one, except
+// that the mma kernel hands classes above 128 (registers) to the warp kernel.
+constexpr DecodeKernel decode_kernel(int configured, int head_dim_class) {
+  const DecodeKernel kernel = static_cast<DecodeKernel>(configured);
+  return kernel == DecodeKernel::kMma && head_dim_class > 128 ? DecodeKernel::kWarp : kernel;
+}
+
 // Packed query rows per block and resident blocks per SM (for the split
-// heuristic) of the kernel this build runs: the tile kernel of
-// kvcache_kernel.cuh (16 rows, 82 KiB of shared memory: 2 blocks), or with
-// -DFLASHATTN_CUDA_DECODE=warp the warp-streamed one of split_kv_warp.cuh
-// (4 rows for G <= 4 decode, 3 blocks of 168 registers; else 8 rows, 2 blocks).
-constexpr int rows_per_block(int64_t rows, bool warp_kernel) { return !warp_kernel ? 16 : (rows <= 4 ? 4 : 8); }
-constexpr int blocks_per_sm(int64_t rows, bool warp_kernel) { return !warp_kernel ? 2 : (rows <= 4 ? 3 : 2); }
+// heuristic): mma 16 rows (the mma's M), 96 KiB of ring at D = 128: 2 blocks;
+// warp 4 rows for G <= 4 decode (3 blocks of 168 registers), else 8 (2 blocks);
+// tiles 16 rows, 82 KiB at D = 128 (2 blocks), 155 KiB at D = 256 (1 block).
+constexpr int rows_per_block(int64_t rows, DecodeKernel kernel) {
+  return kernel == DecodeKernel::kWarp ? (rows <= 4 ? 4 : 8) : 16;
+}
+constexpr int blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class) {
+  if (kernel == DecodeKernel::kWarp) return rows <= 4 ? 3 : 2;
+  return kernel == DecodeKernel::kTiles && head_dim_class > 128 ? 1 : 2;
+}
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
 // partials of the splits (none when splits == 1).

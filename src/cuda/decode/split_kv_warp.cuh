@@ -22,6 +22,7 @@
 // (batch row, kv head), at most kRows per block (more rows: gridDim.y blocks).
 #pragma once
 
+#include "cuda/decode/block_merge.cuh"
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
 
@@ -47,7 +48,7 @@ struct SplitKvWarpTraits {
   // Ring: (kWarps, kStages, K|V, kUnroll, 32 lanes) 16-byte chunks = 64 KiB; reused after the loop
   // for the merge: O (kStates, kRows, kHeadDim), m and l (kStates, kRows), fp32.
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * 2 * kUnroll * 32 * 16; }
-  static constexpr size_t merge_bytes() { return size_t(kStates) * kRows * (kHeadDim + 2) * sizeof(float); }
+  static constexpr size_t merge_bytes() { return BlockStates<kStates, kRows, kHeadDim>::bytes(); }
   static constexpr size_t smem_bytes() { return ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes(); }
 };
 
@@ -78,10 +79,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr int kRows = Traits::kRows, kUnroll = Traits::kUnroll, kGroups = Traits::kGroups;
   constexpr int kLanesPerKey = Traits::kLanesPerKey, kHeadDim = Traits::kHeadDim;
   extern __shared__ __align__(16) uint4 smem_chunks[];
-  float* merge_smem = reinterpret_cast<float*>(smem_chunks);  // after the loop
-  float* state_o = merge_smem;                                      // (kStates, kRows, kHeadDim)
-  float* state_m = state_o + Traits::kStates * kRows * kHeadDim;    // (kStates, kRows)
-  float* state_l = state_m + Traits::kStates * kRows;               // (kStates, kRows)
+  const BlockStates<Traits::kStates, kRows, kHeadDim> states(reinterpret_cast<float*>(smem_chunks));  // after the loop
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int group = lane / kLanesPerKey;   // which key row of a step this lane works on
@@ -250,59 +248,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the merge buffer
 
-  // Merge the block's kStates states: M = max m, L = sum l e^(m - M), O = sum o e^(m - M) / L.
   const int state = warp * kGroups + group;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (lane % kLanesPerKey == 0) {
-      state_m[state * kRows + r] = m[r];
-      state_l[state * kRows + r] = l[r];
+      states.m[state * kRows + r] = m[r];
+      states.l[state * kRows + r] = l[r];
     }
-    float* dst = state_o + (state * kRows + r) * kHeadDim + dim0;
+    float* dst = states.o + (state * kRows + r) * kHeadDim + dim0;
     *reinterpret_cast<float4*>(dst) = make_float4(o[r][0], o[r][1], o[r][2], o[r][3]);
     *reinterpret_cast<float4*>(dst + 4) = make_float4(o[r][4], o[r][5], o[r][6], o[r][7]);
   }
   __syncthreads();
-  for (int e = tid; e < nrows * dv_count; e += Traits::kThreads) {
-    const int r = e / dv_count, d = e % dv_count;
-    float max_m = -INFINITY;
-    for (int st = 0; st < Traits::kStates; ++st) max_m = fmaxf(max_m, state_m[st * kRows + r]);
-    float total_l = 0.0f, total_o = 0.0f;
-    if (max_m != -INFINITY) {
-      for (int st = 0; st < Traits::kStates; ++st) {
-        const float weight = __expf(state_m[st * kRows + r] - max_m);
-        total_l += weight * state_l[st * kRows + r];
-        total_o += weight * state_o[(st * kRows + r) * kHeadDim + d];
-      }
-    }
-    const float value = total_l > 0.0f ? total_o / total_l : 0.0f;
-    if (splits == 1) {
-      const int64_t i = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-      static_cast<Element*>(p.o)[b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head + d] =
-          from_float<Element>(value);
-    } else {
-      o_partial[((int64_t(split) * gridDim.z + blockIdx.z) * rows_padded + r0 + r) * dv_count + d] = value;
-    }
-  }
-  // LSE of each row (+inf in the output, -inf in a partial, for a row that saw no key).
-  for (int r = tid; r < nrows; r += Traits::kThreads) {
-    float max_m = -INFINITY, total_l = 0.0f;
-    for (int st = 0; st < Traits::kStates; ++st) max_m = fmaxf(max_m, state_m[st * kRows + r]);
-    if (max_m != -INFINITY)
-      for (int st = 0; st < Traits::kStates; ++st)
-        total_l += __expf(state_m[st * kRows + r] - max_m) * state_l[st * kRows + r];
-    const bool seen = total_l > 0.0f;
-    if (splits == 1) {
-      if (p.lse != nullptr) {
-        const int64_t i = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-        p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] =
-            seen ? max_m + __logf(total_l) : INFINITY;
-      }
-    } else {
-      lse_partial[(int64_t(split) * gridDim.z + blockIdx.z) * rows_padded + r0 + r] =
-          seen ? max_m + __logf(total_l) : -INFINITY;
-    }
-  }
+  merge_and_store<Traits::kStates, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
+                                                             rows_padded);
 }
 
 }  // namespace flashattn::cuda::decode

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: a bf16 sm_90a build, then Nsight Compute on the kernels that
+# miss their targets (decode split-KV, FA2 backward, Hopper forward). Reports go to $OUT (packed).
+#
+#   device tool: run(command="bash scripts/device_profile.sh", carry=["build-deps"])
+#
+# Environment knobs:
+#   FA_PROFILE="decode bwd fwd"   which kernels to profile
+#   FA_HEADDIMS="64;128"           head-dim classes to compile
+#   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fa_out}
+mkdir -p "$OUT/ncu"
+PROFILE=${FA_PROFILE:-"decode bwd fwd"}
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $PROFILE " == *" $1 "* ]]; }
+export FLASHATTN_LIB=$PWD/build-profile/libflashattn.so
+
+note "== device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader), $(uname -r)"
+start=$(date +%s)
+cmake -S . -B build-profile -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+  -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128}" -DFLASHATTN_CUDA_DTYPES=bf16 \
+  -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON \
+  ${FA_CMAKE_ARGS:-} >"$OUT/ncu/build.log" 2>&1 && ninja -C build-profile -j "$(nproc)" flashattn >>"$OUT/ncu/build.log" 2>&1 ||
+  { note "build FAILED"; grep -m20 -A5 error "$OUT/ncu/build.log"; exit 1; }
+note "== build: $(( $(date +%s) - start )) s"
+
+SECTIONS=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats
+  --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats)
+profile() {  # profile NAME KERNEL_REGEX COMMAND...
+  local name=$1 regex=$2
+  shift 2
+  timeout 150 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip 1 \
+    --launch-count 1 "${SECTIONS[@]}" "$@" >"$OUT/ncu/$name.txt" 2>&1
+  note "== ncu $name: exit $? | $(grep -m1 -E 'Duration' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'DRAM Throughput' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu/$name.txt" | tr -s ' ')"
+}
+
+if has decode; then
+  profile decode_b64_32k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768
+  profile decode_b1_128k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 131072
+  profile decode_b64_32k_paged16 split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768 --paged 16
+fi
+if has bwd; then
+  profile bwd128 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
+  profile bwd64 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 64
+fi
+if has fwd; then
+  profile fwd128 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
+  profile fwd64 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 64
+fi
+grep -E "registers|spill" "$OUT/ncu/build.log" | grep -B1 -E " [1-9][0-9]* bytes spill" | head -10 >>"$SUMMARY"
+
+(cd "$OUT" && tar czf ncu.tar.gz ncu && rm -rf ncu)
+cat "$SUMMARY"
