@@ -41,7 +41,9 @@ profile() {  # profile NAME KERNEL_REGEX COMMAND...
 if has decode; then
   profile decode_b64_32k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768
   profile decode_b1_128k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 131072
-  profile decode_b64_32k_paged16 split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768 --paged 16
+  profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
+  profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
+  profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
 fi
 if has bwd; then
   profile bwd128 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128

@@ -115,6 +115,16 @@ std::vector<KvCase> build_cases() {
     c.causal = true, c.rotary = Rotary::kNeox;
     cases.push_back(c);
   }
+  {  // D = 96 in head-dim class 128: the chunks past D are absent (zero-filled), not read
+    KvCase c = make("paged16_bf16_d96_chunk5_causal_gqa3", b16, 2, 6, 2, 5, 96, {70, 300}, 5, 16);
+    c.causal = true;
+    cases.push_back(c);
+  }
+  {  // head-dim class 256 (the warp kernel under the default mma build)
+    KvCase c = make("contig_bf16_d256_decode_gqa4_rotary", b16, 2, 8, 2, 1, 256, {90, 600}, 1, 0);
+    c.rotary = Rotary::kNeox;
+    cases.push_back(c);
+  }
   {
     KvCase c = make("contig_fp32_long_split5", f32, 1, 4, 2, 1, 64, {2000}, 1, 0);
     c.num_splits = 5;

@@ -18,7 +18,7 @@ namespace {
 using decode::KvCachePlan;
 
 constexpr size_t kAlignment = 256;
-constexpr int kMaxSplits = 128;
+using decode::kMaxSplits;
 
 size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
@@ -136,6 +136,11 @@ fa_status check_kvcache_supported(const KvCacheParams& p) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "q: head dims D = %" PRId64 ", Dv = %" PRId64
                 " need a decode head-dim class (64, 128, 256) this build did not compile (FLASHATTN_CUDA_HEADDIMS)",
+                p.head_dim, p.head_dim_v);
+  if (p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0)
+    return fail(FA_ERROR_UNSUPPORTED,
+                "q: the CUDA decode kernels copy 16-byte chunks of a head: expected D and Dv multiples of 8, got "
+                "D = %" PRId64 ", Dv = %" PRId64,
                 p.head_dim, p.head_dim_v);
   if (p.capacity > INT32_MAX)
     return fail(FA_ERROR_UNSUPPORTED, "k_cache: cache capacities beyond 2^31 - 1 positions are not supported on CUDA");

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "common/kvcache_params.hpp"
+#include "cuda/decode/kvcache_launch.hpp"
 
 namespace flashattn::cuda::decode {
 
@@ -368,13 +369,16 @@ __global__ void __launch_bounds__(Traits::kThreads)
 }
 
 // Exact merge of the splits: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s.
-// One warp per packed row (b, kv head, r); grid covers B * Hkv * rows.
+// One warp per packed row (b, kv head, r); grid covers B * Hkv * rows. The weights go through
+// shared memory so that the partials of all splits are loaded independently (a loop that
+// chained one load per split ran 50 us for B = 1 at 4k keys on the H200).
+constexpr int kCombineWarps = 4;
 template <typename Element>
 __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, const float* lse_partial, int splits,
-                               int rows_padded) {
-  const int warps = blockDim.x / 32;
-  const int64_t item = int64_t(blockIdx.x) * warps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+                   int rows_padded) {
+  __shared__ float weights[kCombineWarps][kMaxSplits];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;
   const int64_t group = p.heads / p.heads_kv;
   const int64_t total_rows = p.seqlen_q * group;
   const int64_t bh_count = p.batch * p.heads_kv;
@@ -391,18 +395,30 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
     for (int s = lane; s < splits; s += 32) total += __expf(lse_partial[s * stride + base] - lse_max);
     lse = lse_max + __logf(warp_sum(total));
   }
+  for (int s = lane; s < splits; s += 32)
+    weights[warp][s] = lse == INFINITY ? 0.0f : __expf(lse_partial[s * stride + base] - lse);
+  __syncwarp();
   const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
   const int64_t i = r / group, h = hkv * group + r % group;
   Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
-  for (int d = lane; d < p.head_dim_v; d += 32) {
-    float value = 0.0f;
-    if (lse != INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float weight = __expf(lse_partial[s * stride + base] - lse);
-        if (weight > 0.0f) value += weight * o_partial[(s * stride + base) * p.head_dim_v + d];
-      }
+  const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
+  const float* partial = o_partial + base * dv;
+  for (int d = 4 * lane; d < dv; d += 128) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      const float weight = weights[warp][s];
+      const float4 value = *reinterpret_cast<const float4*>(partial + s * stride * dv + d);
+      // A split that saw no key has weight 0 and a zero partial: no 0 * inf.
+      acc.x += weight * value.x;
+      acc.y += weight * value.y;
+      acc.z += weight * value.z;
+      acc.w += weight * value.w;
     }
-    o[d] = from_float<Element>(value);
+    o[d] = from_float<Element>(acc.x);
+    o[d + 1] = from_float<Element>(acc.y);
+    o[d + 2] = from_float<Element>(acc.z);
+    o[d + 3] = from_float<Element>(acc.w);
   }
   if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
 }

@@ -87,10 +87,9 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   }
   FA_TRY(status);
   if (plan.splits > 1) {
-    constexpr int kWarps = 4;
-    const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kWarps - 1) / kWarps);
-    combine_kernel<Element><<<blocks, kWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
-                                                                 plan.rows_padded);
+    const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kCombineWarps - 1) / kCombineWarps);
+    combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
+                                                                        plan.rows_padded);
     FA_CUDA_CHECK(cudaGetLastError());
   }
   return FA_OK;

@@ -13,6 +13,8 @@ namespace flashattn::cuda::decode {
 
 // Keys per split come in multiples of kKeysPerTile (the tile of split_kv_kernel).
 constexpr int kKeysPerTile = 64;
+// Most splits of one call (combine_kernel keeps a weight per split in shared memory).
+constexpr int kMaxSplits = 128;
 
 // The split-KV kernels (CMake option FLASHATTN_CUDA_DECODE): tensor cores
 // (split_kv_mma.cuh, head-dim classes up to 128), CUDA cores with a private
