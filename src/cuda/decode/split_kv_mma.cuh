@@ -9,24 +9,29 @@
 // padded), and the softmax runs once per element of the accumulators, so a key
 // costs about ten instructions and the kernel can wait on DRAM only.
 //
-// No ldmatrix and no block barrier in the loop: every lane copies (cp.async)
-// exactly the 16-byte chunks it later reads as its own mma fragments, into a
-// private ring of kStages slabs per warp, and waits for its own copies only.
-// That works because the fragment layouts leave freedom in the order of the
-// reduced dimension:
+// No ldmatrix and no block barrier in the loop: each warp streams its own slabs
+// of 16 keys through a private ring of kStages stages filled by cp.async, whole
+// 128-byte lines per key row (ncu: copying the 64 bytes a lane group reads
+// itself left the L2 at 94 % busy with DRAM at 67 %), and the fragments are read
+// back with 16-byte shared loads from swizzled rows. The fragment layouts leave
+// freedom in the order of the reduced dimension:
 //   S = Q K^T reduces over dims. Lane (g, t) = (lane / 4, lane % 4) of n-tile
-//     n holds key 8n + g; it copies dims 32 blk + 8t .. + 7 of that key, and
-//     the mma's k index 2t + e (+8) stands for dim 32 blk + 8t + e (+2) in the
-//     first k-step of the block and + 4 (+6) in the second. Q's A fragments
-//     are built once with the same order, so the sum is the dot product.
+//     n holds key 8n + g; it reads chunk 4 blk + t (dims 32 blk + 8t .. + 7) of
+//     that key, and the mma's k index 2t + e (+8) stands for dim 32 blk + 8t + e
+//     (+2) in the first k-step of the block and + 4 (+6) in the second. Q's A
+//     fragments are built once with the same order, so the sum is the dot product.
 //   O += P V reduces over keys, which P's accumulator layout fixes (lane (g, t)
 //     holds keys 2t, 2t+1, 2t+8, 2t+9 of the slab); the output dims are free:
 //     column g of n-tile (h, i) stands for dim 64 h + 8 g + i. So the lane
-//     copies dims 64 h + 8g .. + 7 of its four keys, one chunk each, and pairs
-//     keys with a byte permute into the B fragments of n-tiles (h, 0..7).
+//     reads chunk 8h + g of its four keys and pairs keys with a byte permute
+//     into the B fragments of n-tiles (h, 0..7).
+// Swizzles (16-byte chunk c of key k stored at chunk c ^ x(k) of its row) make
+// both the line copies and these reads conflict-free: the 8 lanes of a quarter
+// warp read keys 2q, 2q+1 x chunks 4 blk .. +3 of K (x = 4 (k & 1)) and keys
+// 2t (+1) x chunks 8h + 2q, +1 of V (x = 2 ((k >> 1) & 3)).
 // Block: kWarps warps on one (split, row block, batch row x kv head); each warp
-// streams every kWarps-th slab of 16 keys of the split; the warps' softmax
-// states are merged at the end (block_merge.cuh).
+// streams every kWarps-th slab of the split; the warps' softmax states are
+// merged at the end (block_merge.cuh).
 #pragma once
 
 #include "cuda/decode/block_merge.cuh"
@@ -43,23 +48,24 @@ struct SplitKvMmaTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSlabKeys = 16;                  // keys per warp step: the k of P V
-  static constexpr int kKeyBlocks = kHeadDim / 32;      // S: 16-byte chunks per lane per n-tile of keys
-  static constexpr int kValueHalves = kHeadDim / 64;    // P V: 16-byte chunks per lane per key
-  static constexpr int kKeyChunks = 2 * kKeyBlocks;     // per lane per slab: 2 n-tiles of 8 keys
-  static constexpr int kValueChunks = 4 * kValueHalves; // per lane per slab: 4 keys
-  static constexpr int kChunks = kKeyChunks + kValueChunks;
+  static constexpr int kKeyBlocks = kHeadDim / 32;      // S: chunks a lane reads per key (n-tile)
+  static constexpr int kValueHalves = kHeadDim / 64;    // P V: chunks a lane reads per key
   static constexpr int kOutTiles = 8 * kValueHalves;    // n-tiles of 8 output dims
+  static constexpr int kRowChunks = kHeadDim / 8;       // 16-byte chunks of a key row
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kLaneKeys = kSlabKeys * kRowChunks / 32;  // keys whose chunk a lane copies per slab
+  static constexpr int kStageBytes = 2 * kSlabKeys * kRowBytes;  // K then V, (kSlabKeys, kRowBytes) each
   static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;  // slabs per warp: kStages - 1 in flight
   static constexpr int kKeysPerBlockIter = kWarps * kSlabKeys;
   static constexpr int kMinBlocks = 2;
   static_assert(kHeadDim % 64 == 0, "the dim orders above need 64-dim halves");
   static_assert(kKeysPerBlockIter == kKeysPerTile, "splits come in whole block steps");
-  static_assert(kChunks * 32 * 16 == kSlabKeys * 2 * kHeadDim * 2, "32 lanes copy a slab of K and V");
-  // Ring: (kWarps, kStages, kChunks, 32 lanes) 16-byte chunks (96 KiB at hdim 128: 2 blocks per SM),
-  // reused after the loop for the merge.
-  static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kChunks * 32 * 16; }
+  // Ring (kWarps, kStages, kStageBytes): 96 KiB at hdim 128, 2 blocks per SM; then Q staged as fp32
+  // (kRows, kHeadDim) for the fragments. The ring becomes the merge buffer after the loop.
+  static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }
+  static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
   static constexpr size_t merge_bytes() { return BlockStates<kWarps, kRows, kHeadDim>::bytes(); }
-  static constexpr size_t smem_bytes() { return ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes(); }
+  static constexpr size_t smem_bytes() { return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes(); }
 };
 
 // Where one lane's key of a stream is in the cache, advanced slab step by slab
@@ -71,6 +77,14 @@ struct KeyStream {
   int block;        // cache block of `page`, -1 when outside the cache or past the keys
 };
 
+// Byte offset of chunk c of key k in a stage's K or V rows (see the swizzles above).
+template <int kRowBytes>
+__device__ __forceinline__ int key_chunk_offset(int k, int c) { return k * kRowBytes + ((c ^ ((k & 1) << 2)) << 4); }
+template <int kRowBytes>
+__device__ __forceinline__ int value_chunk_offset(int k, int c) {
+  return k * kRowBytes + ((c ^ (((k >> 1) & 3) << 1)) << 4);
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -80,11 +94,12 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 template <typename Traits, typename Element>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
-  constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kChunks = Traits::kChunks;
+  constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kRowBytes = Traits::kRowBytes;
   constexpr int kKeyBlocks = Traits::kKeyBlocks, kValueHalves = Traits::kValueHalves;
-  constexpr int kKeyChunks = Traits::kKeyChunks, kStages = Traits::kStages;
+  constexpr int kRowChunks = Traits::kRowChunks, kStages = Traits::kStages, kSlabKeys = Traits::kSlabKeys;
   constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ __align__(16) uint4 smem_chunks[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* q_stage = reinterpret_cast<float*>(smem + Traits::smem_bytes() - Traits::q_bytes());  // (kRows, kHeadDim)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -96,9 +111,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
+  // Q rows, rotated and rounded to the element type (as the cache holds k), zero past D and for
+  // padding rows, staged in fp32 by all threads: each thread's loads are independent, so they
+  // overlap (one lane gathering its fragments element by element took ~25 us per block).
+  constexpr int kQPerThread = kRows * kHeadDim / Traits::kThreads;
+#pragma unroll
+  for (int k = 0; k < kQPerThread; ++k) {
+    const int e = tid + k * Traits::kThreads, r = e / kHeadDim, d = e % kHeadDim;
+    float value = 0.0f;
+    if (r < nrows && d < d_count) {
+      const int64_t query = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
+      const Element* q_row = static_cast<const Element*>(p.q) + b * p.q_layout.batch + query * p.q_layout.row +
+                             h * p.q_layout.head;
+      value = p.rotary_cos == nullptr ? to_float(q_row[d])
+                                      : rotated_element(p, q_row, d, query_rotary_position(p, row, query));
+    }
+    q_stage[e] = value;
+  }
+  __syncthreads();
+
   // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
-  // row g + 8 half, rotated and rounded to the element type (as the cache holds k); zero past D
-  // and for padding rows. Each of this lane's two rows sees keys [key_lo, key_hi).
+  // row g + 8 half. Each of this lane's two rows sees keys [key_lo, key_hi).
   uint4 q_frag[kKeyBlocks][2];
   int key_lo[2], key_hi[2], diagonal[2];
   float slope[2];
@@ -112,19 +145,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     diagonal[half] = static_cast<int>(query + mask.shift);
     const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
     slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
-    const Element* q_row = static_cast<const Element*>(p.q) + b * p.q_layout.batch + query * p.q_layout.row +
-                           h * p.q_layout.head;
-    const int64_t position = real ? query_rotary_position(p, row, query) : 0;
 #pragma unroll
     for (int blk = 0; blk < kKeyBlocks; ++blk) {
+      const float* q8 = q_stage + r * kHeadDim + 32 * blk + 8 * t;
       uint32_t words[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int d = 32 * blk + 8 * t + 2 * w;
-        const float lo = real && d < d_count ? rotated_element(p, q_row, d, position) : 0.0f;
-        const float hi = real && d + 1 < d_count ? rotated_element(p, q_row, d + 1, position) : 0.0f;
-        words[w] = sm80::Pack2<Element>::pack(lo, hi);
-      }
+      for (int w = 0; w < 4; ++w) words[w] = sm80::Pack2<Element>::pack(q8[2 * w], q8[2 * w + 1]);
       q_frag[blk][half] = make_uint4(words[0], words[1], words[2], words[3]);
     }
   }
@@ -139,9 +165,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int plain_hi = min(static_cast<int>(mask.key_end(i_first + 1)), keys_end);
   const float score_scale = p.softmax_scale * kLog2e;  // scores in log2 units
 
-  // Six key streams per lane: 0-1 for K (keys 8n + g of n-tile n), 2-5 for V (keys 2t, 2t+1,
-  // 2t+8, 2t+9). A contiguous cache is one endless page of block cache_index.
-  constexpr int kStreams = 6;
+  // The lane copies chunk c_lane of kLaneKeys keys per slab (K and V alike): key stream i holds
+  // slab key i * kKeysPerCopy + lane / kRowChunks. A contiguous cache is one endless page of
+  // block cache_index.
+  constexpr int kKeysPerCopy = 32 / kRowChunks;  // keys one warp-wide copy covers, whole rows
+  constexpr int kStreams = Traits::kLaneKeys;
+  const int c_lane = lane % kRowChunks;
   const uint32_t page_rows = p.paged ? static_cast<uint32_t>(p.page_rows) : 0xffffffffu;
   const uint32_t step_pages = Traits::kKeysPerBlockIter / page_rows;
   const uint32_t step_within = Traits::kKeysPerBlockIter % page_rows;
@@ -152,43 +181,33 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     return block >= 0 && block < p.cache_batch ? block : -1;
   };
   KeyStream streams[kStreams];
-  const int base0 = keys_begin + warp * Traits::kSlabKeys;
+  const int base0 = keys_begin + warp * kSlabKeys;
 #pragma unroll
   for (int s = 0; s < kStreams; ++s) {
-    const int offset = s < 2 ? 8 * s + g : 2 * t + ((s - 2) & 1) + 8 * ((s - 2) >> 1);
-    streams[s].key = base0 + offset;
+    streams[s].key = base0 + s * kKeysPerCopy + lane / kRowChunks;
     const uint32_t position = static_cast<uint32_t>(row.leftpad + streams[s].key);
     streams[s].page = position / page_rows;
     streams[s].within = position % page_rows;
     streams[s].block = block_of(streams[s]);
   }
 
-  const Element* k_lane = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * t;
-  const Element* v_lane = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * g;
-  auto lane_ring = [&](int stage) { return smem_chunks + (warp * kStages + stage) * kChunks * 32 + lane; };
+  const Element* k_lane = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * c_lane;
+  const Element* v_lane = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * c_lane;
+  const bool k_chunk = 8 * c_lane < d_count, v_chunk = 8 * c_lane < dv_count;
+  auto stage_of = [&](int stage) { return smem + (warp * kStages + stage) * Traits::kStageBytes; };
   // Copies the next slab of every stream into `stage` (absent keys and pages: zeros), then steps on.
   auto issue = [&](int stage) {
-    uint4* ring = lane_ring(stage);
+    unsigned char* k_rows = stage_of(stage);
+    unsigned char* v_rows = k_rows + kSlabKeys * kRowBytes;
 #pragma unroll
     for (int s = 0; s < kStreams; ++s) {
       const KeyStream& st = streams[s];
       const bool present = st.block >= 0;
-      if (s < 2) {
-        const Element* src = k_lane + (present ? int64_t(st.block) * p.k_cache_layout.batch +
-                                                     int64_t(st.within) * p.k_cache_layout.row
-                                               : 0);
-#pragma unroll
-        for (int blk = 0; blk < kKeyBlocks; ++blk)
-          cp_async_16(ring + (s * kKeyBlocks + blk) * 32, src + 32 * blk, present && 32 * blk + 8 * t < d_count);
-      } else {
-        const Element* src = v_lane + (present ? int64_t(st.block) * p.v_cache_layout.batch +
-                                                     int64_t(st.within) * p.v_cache_layout.row
-                                               : 0);
-#pragma unroll
-        for (int h = 0; h < kValueHalves; ++h)
-          cp_async_16(ring + (kKeyChunks + (s - 2) * kValueHalves + h) * 32, src + 64 * h,
-                      present && 64 * h + 8 * g < dv_count);
-      }
+      const int key = s * kKeysPerCopy + lane / kRowChunks;
+      const int64_t k_off = present ? int64_t(st.block) * p.k_cache_layout.batch + int64_t(st.within) * p.k_cache_layout.row : 0;
+      const int64_t v_off = present ? int64_t(st.block) * p.v_cache_layout.batch + int64_t(st.within) * p.v_cache_layout.row : 0;
+      cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
+      cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
     }
     cp_async_commit();
 #pragma unroll
@@ -215,7 +234,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.0f;
 
   auto compute = [&](int j0, int stage) {
-    const uint4* ring = lane_ring(stage);
+    const unsigned char* k_rows = stage_of(stage);
+    const unsigned char* v_rows = k_rows + kSlabKeys * kRowBytes;
     float s_acc[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -223,7 +243,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       for (int e = 0; e < 4; ++e) s_acc[n][e] = 0.0f;
 #pragma unroll
       for (int blk = 0; blk < kKeyBlocks; ++blk) {
-        const uint4 k = ring[(n * kKeyBlocks + blk) * 32];
+        const uint4 k = *reinterpret_cast<const uint4*>(k_rows + key_chunk_offset<kRowBytes>(8 * n + g, 4 * blk + t));
         const uint4 q_lo = q_frag[blk][0], q_hi = q_frag[blk][1];
         sm80::mma_16816<Element>(s_acc[n], {q_lo.x, q_hi.x, q_lo.y, q_hi.y}, k.x, k.y);
         sm80::mma_16816<Element>(s_acc[n], {q_lo.z, q_hi.z, q_lo.w, q_hi.w}, k.z, k.w);
@@ -286,11 +306,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                                 sm80::Pack2<Element>::pack(s_acc[1][2], s_acc[1][3])};
 #pragma unroll
     for (int h = 0; h < kValueHalves; ++h) {
-      // Keys 2t, 2t+1, 2t+8, 2t+9; dims 64 h + 8g .. + 7 each.
-      const uint4 v0 = ring[(kKeyChunks + 0 * kValueHalves + h) * 32];
-      const uint4 v1 = ring[(kKeyChunks + 1 * kValueHalves + h) * 32];
-      const uint4 v2 = ring[(kKeyChunks + 2 * kValueHalves + h) * 32];
-      const uint4 v3 = ring[(kKeyChunks + 3 * kValueHalves + h) * 32];
+      // Keys 2t, 2t+1, 2t+8, 2t+9; chunk 8h + g (dims 64 h + 8g .. + 7) of each.
+      auto value_chunk = [&](int key) {
+        return *reinterpret_cast<const uint4*>(v_rows + value_chunk_offset<kRowBytes>(key, 8 * h + g));
+      };
+      const uint4 v0 = value_chunk(2 * t), v1 = value_chunk(2 * t + 1);
+      const uint4 v2 = value_chunk(2 * t + 8), v3 = value_chunk(2 * t + 9);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint32_t select = i % 2 == 0 ? 0x5410u : 0x7632u;  // low or high halves of a word pair
@@ -313,19 +334,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     }
   }
   for (int n = 0; n < steps; ++n) {
+    __syncwarp();  // every lane is done reading the stage of step n - 1, which the issue below refills
     if (n + kStages - 1 < steps) {
-      issue((n + kStages - 1) % kStages);  // the stage step n - 1 used
+      issue((n + kStages - 1) % kStages);
     } else {
       cp_async_commit();
     }
     cp_async_wait<kStages - 1>();  // this lane's copies of step n have landed
+    __syncwarp();                  // and every other lane's
     compute(base0 + n * stride, n % kStages);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the merge buffer
 
   // This warp's state: l summed over the 4 lanes of each row, m to natural-log units.
-  const BlockStates<Traits::kWarps, kRows, kHeadDim> states(reinterpret_cast<float*>(smem_chunks));
+  const BlockStates<Traits::kWarps, kRows, kHeadDim> states(reinterpret_cast<float*>(smem));
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float row_l = l[half];
