@@ -13,10 +13,10 @@
 // group keeps its own online-softmax state (m, l, O) for its rows, so the loop
 // needs only the butterfly sum of a dot product inside a group. At the end the
 // kWarps * kGroups states of the block are merged exactly through shared memory.
-// The default build runs the tile kernel of kvcache_kernel.cuh (measured on the
-// H200: ~1 TB/s, latency-bound); this one is built with
-// -DFLASHATTN_CUDA_DECODE=warp and is verified only by dev/kvcache_emulator so
-// far: dev/kvcache_decode.md.
+// The default build runs it for head-dim class 256 only (the tensor-core kernel
+// of split_kv_mma.cuh takes 64 and 128); -DFLASHATTN_CUDA_DECODE=warp for all.
+// Measured on the H200: 0.27-1.3 TB/s, bound by instruction issue (ncu: 174
+// warp instructions per key), dev/kvcache_decode.md.
 //
 // Block: kWarps warps, rows r = i * G + g (query i, head g of the group) of one
 // (batch row, kv head), at most kRows per block (more rows: gridDim.y blocks).
