@@ -11,7 +11,8 @@
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
 #                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt,
 #                                            "profile": ncu on the backward kernel,
-#                                            "decode": the KV-cache decode benchmark against copy and SDPA)
+#                                            "decode": the KV-cache decode benchmark against copy and SDPA,
+#                                            "overhead": host cost of the Python op layer on CUDA)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_GENCODE=""                            CMake's FLASHATTN_CUDA_GENCODE (default: sm_80 + sm_90a)
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
@@ -165,6 +166,17 @@ if has_stage python; then
     --plot "$OUT/plots/train_gpt.png" --json "$OUT/plots/train_gpt.json" >>"$OUT/python.log" 2>&1)
   note "== examples/train_gpt.py (context 8192): exit $?"
   grep -E "peak|final|loss" "$OUT/python.log" | tail -8 >>"$SUMMARY"
+fi
+
+# Host cost of the Python op layer on CUDA tensors (wall, enqueue-only and GPU time; a cProfile).
+if has_stage overhead; then
+  if ! (cd /tmp && python3 -c "import flashattn" 2>/dev/null); then
+    FLASHATTN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout "${FA_PIP_TIMEOUT:-300}" \
+      python3 -m pip install --no-build-isolation --no-deps --no-index -q ${FA_PIP_ARGS:-} . >"$OUT/overhead.log" 2>&1
+  fi
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout 120 python3 "$OLDPWD/bench/gpu/op_overhead.py" >>"$OUT/overhead.log" 2>&1)
+  note "== op overhead probe: exit $?"
+  grep -E "wall\+sync|host cost|tottime|^ +[0-9]+ +[0-9.]+ +[0-9.]+" "$OUT/overhead.log" | head -30 >>"$SUMMARY"
 fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.

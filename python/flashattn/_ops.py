@@ -31,6 +31,11 @@ def _workspace(nbytes: int, device: torch.device) -> Optional[Tensor]:
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
 
 
+def _allocator(device: torch.device):
+    """allocate(nbytes) for _C: the call asks for its exact workspace itself, no separate size query."""
+    return lambda nbytes: _workspace(nbytes, device)
+
+
 def _dl(t: Optional[Tensor]):
     # DLPack refuses tensors that require grad; the ops run below autograd, so detach is free.
     return None if t is None else t.detach()
@@ -85,18 +90,16 @@ def _opts(softmax_scale, causal, top_left, window_left, window_right, softcap, d
 def run_fwd(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, opts, query=False) -> int:
     """Calls _C.fwd with an exactly sized workspace; query=True returns the size only."""
     args = (_dl(q), _dl(k), _dl(v), out, lse, cu_q, cu_k, max_q, max_k, _dl(alibi))
-    nbytes = _C.fwd(*args, workspace=None, query=True, **opts)
-    if not query:
-        _C.fwd(*args, workspace=_workspace(nbytes, q.device), query=False, **opts)
-    return nbytes
+    if query:
+        return _C.fwd(*args, workspace=None, allocate=None, query=True, **opts)
+    return _C.fwd(*args, workspace=None, allocate=_allocator(q.device), query=False, **opts)
 
 
 def run_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi, opts, query=False) -> int:
     args = (_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), dq, dk, dv, cu_q, cu_k, max_q, max_k, _dl(alibi))
-    nbytes = _C.bwd(*args, workspace=None, query=True, **opts)
-    if not query:
-        _C.bwd(*args, workspace=_workspace(nbytes, q.device), query=False, **opts)
-    return nbytes
+    if query:
+        return _C.bwd(*args, workspace=None, allocate=None, query=True, **opts)
+    return _C.bwd(*args, workspace=None, allocate=_allocator(q.device), query=False, **opts)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,8 +32,7 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 alibi_slopes=dl(alibi_slopes), out=out, lse=lse, softmax_scale=softmax_scale, causal=causal,
                 window_left=window_left, window_right=window_right, softcap=softcap, num_splits=num_splits,
                 num_threads=0, stream=_ops._stream(q))
-    nbytes = _C.fwd_kvcache(**args, workspace=None, query=True)
-    _C.fwd_kvcache(**args, workspace=_ops._workspace(nbytes, q.device), query=False)
+    _C.fwd_kvcache(**args, workspace=None, allocate=_ops._allocator(q.device), query=False)
     return [out, lse]
 
 

@@ -122,16 +122,26 @@ fa_options make_options(float softmax_scale, bool causal, bool top_left, int win
   return o;
 }
 
-// Runs the call into workspace (a uint8 tensor) or, when query is true, returns
-// the exact workspace size and runs nothing.
-size_t run_workspace(const OptArray& workspace, size_t needed, bool query,
+// Runs the call into workspace (a uint8 tensor), or into one that allocate(nbytes)
+// returns (so a call needs no separate size query: one crossing, half the DLPack
+// exports), or, when query is true, returns the exact workspace size and runs nothing.
+size_t run_workspace(const OptArray& workspace, const nb::object& allocate, size_t needed, bool query,
                      fa_status (*call)(const void*, void*, size_t), const void* args) {
   if (query) return needed;
   void* ptr = nullptr;
   size_t bytes = 0;
+  nb::object allocated;  // keeps allocate's tensor alive through the call
+  std::optional<Array> owned;
   if (workspace) {
     ptr = const_cast<void*>(workspace->data());
     bytes = workspace->nbytes();
+  } else if (!allocate.is_none()) {
+    allocated = allocate(needed);  // None: no workspace (needed == 0)
+    if (!allocated.is_none()) {
+      owned = nb::cast<Array>(allocated);
+      ptr = const_cast<void*>(owned->data());
+      bytes = owned->nbytes();
+    }
   }
   fa_status status;
   {
@@ -145,7 +155,7 @@ size_t run_workspace(const OptArray& workspace, size_t needed, bool query,
 size_t fwd(Array q, Array k, Array v, Array out, OptArray lse, OptArray cu_seqlens_q, OptArray cu_seqlens_k,
            int max_seqlen_q, int max_seqlen_k, OptArray alibi_slopes, float softmax_scale, bool causal, bool top_left,
            int window_left, int window_right, float softcap, float dropout_p, uint64_t seed, uint64_t offset,
-           bool deterministic, int num_threads, uintptr_t stream, OptArray workspace, bool query) {
+           bool deterministic, int num_threads, uintptr_t stream, OptArray workspace, nb::object allocate, bool query) {
   fa_fwd_args args;
   fa_fwd_args_init(&args);
   args.q = view("q", q);
@@ -163,7 +173,7 @@ size_t fwd(Array q, Array k, Array v, Array out, OptArray lse, OptArray cu_seqle
   size_t needed = 0;
   check(fa_fwd_workspace_size(&args, &needed));
   return run_workspace(
-      workspace, needed, query,
+      workspace, allocate, needed, query,
       [](const void* a, void* w, size_t n) { return fa_fwd(static_cast<const fa_fwd_args*>(a), w, n); }, &args);
 }
 
@@ -171,7 +181,7 @@ size_t bwd(Array dout, Array q, Array k, Array v, Array out, Array lse, Array dq
            OptArray cu_seqlens_q, OptArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, OptArray alibi_slopes,
            float softmax_scale, bool causal, bool top_left, int window_left, int window_right, float softcap,
            float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, int num_threads, uintptr_t stream,
-           OptArray workspace, bool query) {
+           OptArray workspace, nb::object allocate, bool query) {
   fa_bwd_args args;
   fa_bwd_args_init(&args);
   args.dout = view("dout", dout);
@@ -193,7 +203,7 @@ size_t bwd(Array dout, Array q, Array k, Array v, Array out, Array lse, Array dq
   size_t needed = 0;
   check(fa_bwd_workspace_size(&args, &needed));
   return run_workspace(
-      workspace, needed, query,
+      workspace, allocate, needed, query,
       [](const void* a, void* w, size_t n) { return fa_bwd(static_cast<const fa_bwd_args*>(a), w, n); }, &args);
 }
 
@@ -202,7 +212,7 @@ size_t fwd_kvcache(Array q, Array k_cache, Array v_cache, OptArray k_new, OptArr
                    OptArray cache_batch_idx, OptArray cache_leftpad, OptArray block_table, OptArray rotary_cos,
                    OptArray rotary_sin, bool rotary_interleaved, OptArray alibi_slopes, Array out, OptArray lse,
                    float softmax_scale, bool causal, int window_left, int window_right, float softcap,
-                   int num_splits, int num_threads, uintptr_t stream, OptArray workspace, bool query) {
+                   int num_splits, int num_threads, uintptr_t stream, OptArray workspace, nb::object allocate, bool query) {
   fa_kvcache_args args;
   fa_kvcache_args_init(&args);
   args.q = view("q", q);
@@ -226,7 +236,7 @@ size_t fwd_kvcache(Array q, Array k_cache, Array v_cache, OptArray k_new, OptArr
   size_t needed = 0;
   check(fa_fwd_kvcache_workspace_size(&args, &needed));
   return run_workspace(
-      workspace, needed, query,
+      workspace, allocate, needed, query,
       [](const void* a, void* w, size_t n) { return fa_fwd_kvcache(static_cast<const fa_kvcache_args*>(a), w, n); },
       &args);
 }
@@ -240,14 +250,14 @@ NB_MODULE(_C, m) {
         nb::arg("max_seqlen_k"), nb::arg("alibi_slopes").none(), nb::arg("softmax_scale"), nb::arg("causal"),
         nb::arg("top_left"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("num_threads"),
-        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("query"),
+        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("allocate").none() = nb::none(), nb::arg("query") = false,
         "Forward pass (query=True: only return the exact workspace bytes).");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("alibi_slopes").none(), nb::arg("softmax_scale"),
         nb::arg("causal"), nb::arg("top_left"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("num_threads"),
-        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("query"),
+        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("allocate").none() = nb::none(), nb::arg("query") = false,
         "Backward pass (query=True: only return the exact workspace bytes).");
   m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k").none(),
         nb::arg("v").none(), nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
@@ -255,7 +265,7 @@ NB_MODULE(_C, m) {
         nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("alibi_slopes").none(), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("num_splits"), nb::arg("num_threads"),
-        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("query"),
+        nb::arg("stream"), nb::arg("workspace").none(), nb::arg("allocate").none() = nb::none(), nb::arg("query") = false,
         "Attention against a KV cache, appending k/v in place first (query=True: only the workspace bytes).");
   m.def("dropout_keep", &fa_dropout_keep, nb::arg("seed"), nb::arg("offset"), nb::arg("b"), nb::arg("h"),
         nb::arg("num_heads"), nb::arg("i"), nb::arg("j"), nb::arg("p"),
