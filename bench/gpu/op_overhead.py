@@ -64,6 +64,28 @@ def layers(q, k, v):
         print(f"forward host cost  {name:28s} {us:8.1f} us per call", flush=True)
 
 
+def backward_layers(q, k, v, dout):
+    """Where the backward side's host time goes: the bwd op alone, the graph-recording forward, the
+    whole step with the autograd engine on the calling thread."""
+    with torch.no_grad():
+        out, lse = torch.ops.flashattn.fwd(q.detach(), k.detach(), v.detach(), None, None, q.shape[-1] ** -0.5, True,
+                                           False, -1, 0, 0.0, 0.0, False)
+    args = (dout, q.detach(), k.detach(), v.detach(), out, lse, None, None, q.shape[-1] ** -0.5, True, False, -1, 0,
+            0.0, 0.0, False)
+    with torch.no_grad():
+        bwd_us = enqueue_us(lambda: torch.ops.flashattn.bwd(*args))
+    print(f"backward host cost torch.ops.flashattn.bwd        {bwd_us:8.1f} us per call", flush=True)
+    record_us = enqueue_us(lambda: flashattn.flash_attn_func(q, k, v, causal=True))
+    print(f"backward host cost fwd recording the graph       {record_us:8.1f} us per call", flush=True)
+    for name, fn in step_fns(q, k, v, dout).items():
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            us = enqueue_us(fn, reps=50)
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+        print(f"backward host cost {name} step, engine on caller {us:8.1f} us per step", flush=True)
+
+
 def timings(fn, reps=50):
     for _ in range(5):
         fn()
@@ -100,6 +122,7 @@ def main():
         print(f"{name:10s} wall+sync {wall * 1e6:8.1f} us  enqueue only {enqueue * 1e6:8.1f} us  "
               f"back-to-back per step {gpu * 1e6:8.1f} us", flush=True)
     layers(q, k, v)
+    backward_layers(q, k, v, dout)
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(50):
