@@ -143,5 +143,31 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
   }
 }
 
+// The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by
+// name, before anything runs (out stays poisoned, the cache unchanged).
+TEST(GpuKvCacheErrors, HeadDimNotMultipleOf8) {
+  FA_GPU_TEST_OR_SKIP();
+  KvCase c;
+  for (const KvCase& candidate : kvcache_cases())
+    if (candidate.name == "contig_bf16_decode_noappend") c = candidate;
+  ASSERT_EQ(c.name, "contig_bf16_decode_noappend");
+  c.D = c.Dv = 60;
+  KvProblem p = make_kv_problem(c);
+  p.poison_outputs();
+  const std::vector<double> cache_before = p.k_cache.to_vector();
+  KvMirror mirror(p);
+  ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
+  const fa_kvcache_args args = mirror.args();
+  DeviceBuffer workspace(1 << 20);
+  EXPECT_EQ(fa_fwd_kvcache(&args, workspace.data, 1 << 20), FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("expected D and Dv multiples of 8, got D = 60, Dv = 60"),
+            std::string::npos)
+      << fa_last_error();
+  FA_CUDA_ASSERT(cudaDeviceSynchronize());
+  mirror.download();
+  EXPECT_EQ(p.out.count_poisoned(), p.out.numel()) << "out was written";
+  EXPECT_EQ(p.k_cache.to_vector(), cache_before) << "the cache was written";
+}
+
 }  // namespace
 }  // namespace fatest::gpu
