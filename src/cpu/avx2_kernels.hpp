@@ -35,10 +35,11 @@ __m256i avx2_lanes_mask(int count) {
 }
 
 // B's columns [0, cols) of k rows (stride ldb) copied into a contiguous
-// (k, 16) panel, zero past cols. Unpacked, the rows of a 16-column panel lie
-// ldb floats apart: ldb = 256 or 128 (the Q^T, K^T tiles) is a multiple of
-// 4 KiB / 8, so they all map to 4 of the 64 L1 sets and the panel, read once
-// per 6 rows of C, kept falling out of L1.
+// (k, 16) panel, zero past cols. Unpacked, the panel's rows lie ldb floats
+// apart, and the B operands of the passes have ldb = kBlockM = 256 or
+// kBlockN = 128 (1 KiB or 512 B): their rows fall into 4 or 8 of the 64 sets
+// of a 32 KiB 8-way L1, 32 or 64 lines for a panel of up to 256 rows that
+// every 6-row block of C reads again. Packed, it is k * 64 contiguous bytes.
 void pack_b_panel(int k, const float* b, int64_t ldb, int cols, float* panel) {
   if (cols >= kAvx2GemmCols) {
     for (int l = 0; l < k; ++l) {
