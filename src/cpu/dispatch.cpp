@@ -30,7 +30,8 @@ IsaLevel capped_level() {
 }
 
 // AMX multiplies bf16: bf16 tensors directly, fp32 as split bf16 pieces;
-// fp16 stays on AVX-512 FMAs.
+// fp16 stays on AVX-512 FMAs. AVX2 runs every dtype as fp32 FMAs; bf16
+// tensors take its build with the shorter exp2 polynomial (avx2_kernels.hpp).
 IsaBackend selected_backend(const AttnParams& p) {
   switch (isa_level()) {
     case IsaLevel::kAmx:
