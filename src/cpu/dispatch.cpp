@@ -1,6 +1,7 @@
 // The four functions of the CPU backend (src/backend.hpp): exact workspace
 // sizes and the choice of the ISA build, made once per process from what the
 // CPU reports at run time (the library itself is built for the baseline).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,34 +13,49 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
-// FLASHATTN_CPU_ISA=generic or =avx512 caps the choice (to test the
-// portable and the AVX-512 builds on a machine that has more).
-enum class IsaLevel { kGeneric, kAvx512, kAmx };
+IsaLevel detected_level() {
+  if (!avx2_supported()) return IsaLevel::kGeneric;
+  if (!avx512_supported()) return IsaLevel::kAvx2;
+  if (!amx_supported()) return IsaLevel::kAvx512;
+  return IsaLevel::kAmx;
+}
 
-IsaLevel isa_level() {
-  static const IsaLevel level = [] {
-    const char* cap = std::getenv("FLASHATTN_CPU_ISA");
-    const bool cap_generic = cap != nullptr && std::strcmp(cap, "generic") == 0;
-    const bool cap_avx512 = cap != nullptr && std::strcmp(cap, "avx512") == 0;
-    if (cap_generic || !avx512_supported()) return IsaLevel::kGeneric;
-    if (cap_avx512 || !amx_supported()) return IsaLevel::kAvx512;
-    return IsaLevel::kAmx;
-  }();
-  return level;
+IsaLevel capped_level() {
+  const char* cap = std::getenv("FLASHATTN_CPU_ISA");
+  if (cap == nullptr) return IsaLevel::kAmx;
+  if (std::strcmp(cap, "generic") == 0) return IsaLevel::kGeneric;
+  if (std::strcmp(cap, "avx2") == 0) return IsaLevel::kAvx2;
+  if (std::strcmp(cap, "avx512") == 0) return IsaLevel::kAvx512;
+  return IsaLevel::kAmx;
 }
 
 // AMX multiplies bf16: bf16 tensors directly, fp32 as split bf16 pieces;
-// fp16 stays on AVX-512 FMAs.
+// fp16 stays on AVX-512 FMAs. AVX2 runs every dtype as fp32 FMAs; bf16
+// tensors take its build with the shorter exp2 polynomial (avx2_kernels.hpp).
 IsaBackend selected_backend(const AttnParams& p) {
-  const IsaLevel level = isa_level();
-  if (level == IsaLevel::kAmx && p.dtype == FA_DTYPE_BF16) return amx_backend();
-  if (level == IsaLevel::kAmx && p.dtype == FA_DTYPE_FP32) return amx_split_backend();
-  return level == IsaLevel::kGeneric ? generic_backend() : avx512_backend();
+  switch (isa_level()) {
+    case IsaLevel::kAmx:
+      if (p.dtype == FA_DTYPE_BF16) return amx_backend();
+      if (p.dtype == FA_DTYPE_FP32) return amx_split_backend();
+      return avx512_backend();
+    case IsaLevel::kAvx512:
+      return avx512_backend();
+    case IsaLevel::kAvx2:
+      return p.dtype == FA_DTYPE_BF16 ? avx2_bf16_backend() : avx2_backend();
+    case IsaLevel::kGeneric:
+      break;
+  }
+  return generic_backend();
 }
 
 size_t threads_of(const AttnParams& p) { return static_cast<size_t>(p.num_threads > 0 ? p.num_threads : 1); }
 
 }  // namespace
+
+IsaLevel isa_level() {
+  static const IsaLevel level = std::min(detected_level(), capped_level());
+  return level;
+}
 
 // Layout: [alignment slack][staged K/V][per-thread regions]; see scratch.hpp.
 size_t fwd_workspace_bytes(const FwdParams& params) {

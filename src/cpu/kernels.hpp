@@ -22,7 +22,7 @@
 //                   pack one chunk of staged rows in the kernel set's layout
 //                   (scratch.hpp, SharedOperand), and let gemms whose A or B
 //                   lies in op read that packing; no-ops where operands are
-//                   read as fp32 (generic, AVX-512)
+//                   read as fp32 (generic, AVX2, AVX-512)
 #pragma once
 
 #include "common/params.hpp"
@@ -38,6 +38,11 @@ struct IsaBackend {
 
 // Plain C++ the compiler vectorizes for the baseline target; runs anywhere.
 IsaBackend generic_backend();
+// AVX2 + FMA + F16C, every dtype computed in fp32; only called when the CPU
+// reports those features. The bf16 build uses a shorter exp2 polynomial.
+IsaBackend avx2_backend();
+IsaBackend avx2_bf16_backend();
+bool avx2_supported();
 // AVX-512F/BW/VL/DQ + FMA; only called when the CPU reports those features.
 IsaBackend avx512_backend();
 bool avx512_supported();
@@ -48,6 +53,12 @@ bool amx_supported();
 // The same for fp32 tensors: every gemm operand split into three bf16
 // pieces (isa_amx.cpp), fp32 accuracy at AMX speed.
 IsaBackend amx_split_backend();
+
+// The richest kernel sets this CPU runs, in order, capped by
+// FLASHATTN_CPU_ISA=generic, =avx2 or =avx512 (to test the lesser builds on a
+// machine that has more); decided once per process (dispatch.cpp).
+enum class IsaLevel { kGeneric, kAvx2, kAvx512, kAmx };
+IsaLevel isa_level();
 
 }  // namespace cpu
 }  // namespace flashattn

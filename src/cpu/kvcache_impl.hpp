@@ -1,8 +1,9 @@
 // Attention against a KV cache on the CPU (fa_fwd_kvcache): append, then
 // split-KV attention with the query heads of one KV head packed together.
-// Compiled twice: for the baseline ISA (kvcache.cpp) and for AVX-512
-// (kvcache_avx512.cpp, chosen at run time); the loops are written so that the
-// compiler vectorizes them (contiguous innermost, no calls, no branches).
+// Compiled three times: for the baseline ISA (kvcache.cpp), for AVX2
+// (kvcache_avx2.cpp) and for AVX-512 (kvcache_avx512.cpp), chosen at run
+// time; the loops are written so that the compiler vectorizes them
+// (contiguous innermost, no calls, no branches).
 //
 // Phase 1 writes k_new (rotated) and v_new into the cache at cache_seqlens.
 // Phase 2 runs work items (batch row, kv head, row block, split): the rows of
