@@ -1,8 +1,9 @@
 // Runs the split-KV decode kernels on the CPU: one std::thread per CUDA thread,
 // barriers for __syncthreads and for every warp shuffle, cp.async as a copy,
 // exact-size host buffers, built with AddressSanitizer (run.sh). Checks O
-// against an fp64 reference. usage: emu S [page_size (0 = contiguous)] [splits] [tiles]
+// against an fp64 reference. usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma]
 #include "shim.hpp"
+#include "split_kv_mma_host.hpp"
 #include "split_kv_warp_host.hpp"
 #include <cstdio>
 #include <random>
@@ -32,21 +33,23 @@ int main(int argc, char** argv) {
   p.lse_layout = {H, 1, 1};
   p.cache_seqlens = seqlens.data();
   p.softmax_scale = 1.0f / std::sqrt(128.0f); p.causal = true; p.window_right = 0;
-  const bool tiles = argc > 4 && atoi(argv[4]) != 0;  // the tile kernel (16 rows per block) instead
+  const int kernel = argc > 4 ? atoi(argv[4]) : 0;  // 1: the tile kernel, 2: the mma kernel (16 rows per block)
+  const bool tiles = kernel == 1, mma = kernel == 2;
   using Traits = SplitKvWarpTraits<E, 128, 4>;
   using TileTraits = DecodeTraits<E, 128>;
-  const int rows_padded = tiles ? 16 : 4;
+  using MmaTraits = SplitKvMmaTraits<E, 128>;
+  const int rows_padded = tiles || mma ? 16 : 4;
   const int splits = argc > 3 ? atoi(argv[3]) : 1;
   std::vector<float> o_part(size_t(splits) * B * Hkv * 16 * D), lse_part(size_t(splits) * B * Hkv * 16);
   float* op = splits > 1 ? o_part.data() : nullptr; float* lp = splits > 1 ? lse_part.data() : nullptr;
   emu::grid = {unsigned(splits), 1, unsigned(B * Hkv)}; emu::block = {128, 1, 1};
   for (unsigned xz = 0; xz < emu::grid.z * emu::grid.x; ++xz) { const unsigned z = xz / emu::grid.x, x = xz % emu::grid.x;
-    std::vector<unsigned char> smem(tiles ? TileTraits::smem_bytes() : Traits::smem_bytes());
+    std::vector<unsigned char> smem(tiles ? TileTraits::smem_bytes() : mma ? MmaTraits::smem_bytes() : Traits::smem_bytes());
     emu::block_smem = smem.data();
     std::barrier<> bar(128); emu::block_barrier = &bar;
     std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
     std::vector<std::thread> threads;
-    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
+    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
     for (auto& th : threads) th.join();
   }
   if (splits > 1) {
@@ -67,7 +70,7 @@ int main(int argc, char** argv) {
     double l = 0; for (int j = 0; j < S; ++j) { s[j] = std::exp(s[j] - m); l += s[j]; }
     for (int e = 0; e < D; ++e) { double o = 0; for (int j = 0; j < S; ++j) o += s[j] * __bfloat162float(vc[(j*Hkv+hk)*D+e]); o /= l; worst = std::max(worst, std::fabs(o - __bfloat162float(out[h*D+e]))); }
   }
-  std::printf("S=%d page=%d splits=%d %s: max |O - fp64| %.3e, lse[0] %f\n", S, page, splits, tiles ? "tiles" : "warp",
+  std::printf("S=%d page=%d splits=%d %s: max |O - fp64| %.3e, lse[0] %f\n", S, page, splits, tiles ? "tiles" : mma ? "mma" : "warp",
               worst, lse[0]);
   return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
 }

@@ -45,6 +45,23 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
   emu::warp_barriers[warp]->arrive_and_wait();
   return other;
 }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[emu::tid.x / 32]->arrive_and_wait(); }
+inline bool __any_sync(unsigned, bool pred) {
+  const int lane = emu::tid.x % 32, warp = emu::tid.x / 32;
+  emu::warp_slots[warp][lane] = pred ? 1.0f : 0.0f;
+  emu::warp_barriers[warp]->arrive_and_wait();
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = any || emu::warp_slots[warp][l] != 0.0f;
+  emu::warp_barriers[warp]->arrive_and_wait();
+  return any;
+}
+// Byte k of the result is byte (selector nibble k) of the 8 bytes {y, x} (x the low word).
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
+  const uint64_t bytes = (uint64_t(y) << 32) | x;
+  uint32_t out = 0;
+  for (int k = 0; k < 4; ++k) out |= uint32_t((bytes >> (8 * ((selector >> (4 * k)) & 7))) & 0xff) << (8 * k);
+  return out;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
