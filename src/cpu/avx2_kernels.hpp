@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/half.hpp"
+#include "cpu/exp2_poly.hpp"
 #include "cpu/scratch.hpp"
 #include "flashattn/flashattn.h"
 
@@ -121,9 +122,7 @@ void avx2_gemm_rest(int rows, int k, const float* a, int64_t a_row, int64_t a_co
   }
 }
 
-// 2^x as 2^n * p(f), n = round(x), f in [-1/2, 1/2], with the polynomials of
-// avx512_kernels.hpp (kDegree 6: Taylor, relative error ~1.2e-7; kDegree 4:
-// minimax with p(0) = 1, 2.9e-6, for bf16 tensors). 2^n is built in the
+// 2^x with the polynomials of exp2_poly.hpp. 2^n is built in the
 // exponent field, so x is clamped to [-125, 128]: results below 2^-125
 // (masked scores, x = -inf) are zeroed instead of computed, which also keeps
 // the multiply away from denormals; x >= 128 gives +inf. NaN stays NaN: max
@@ -137,21 +136,9 @@ __m256 avx2_exp2_ps(__m256 x) {
   x = _mm256_min_ps(_mm256_set1_ps(128.0f), _mm256_max_ps(lowest, x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p;
-  if constexpr (kDegree == 6) {
-    p = _mm256_set1_ps(1.5403530393381606e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  } else {
-    p = _mm256_set1_ps(9.5828517127e-03f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5906426650e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4024098652e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9312419305e-01f));
-  }
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  constexpr const auto& kCoefficients = Exp2Poly<kDegree>::kCoefficients;
+  __m256 p = _mm256_set1_ps(kCoefficients[0]);
+  for (int i = 1; i <= kDegree; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kCoefficients[i]));
   const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
   const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
   return _mm256_and_ps(kept, _mm256_mul_ps(p, scale));

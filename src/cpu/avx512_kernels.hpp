@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cpu/exp2_poly.hpp"
 #include "cpu/scratch.hpp"
 #include "flashattn/flashattn.h"
 
@@ -58,10 +59,7 @@ void gemm_block(int k, const float* a, int64_t a_row, int64_t a_col, const float
   }
 }
 
-// 2^x as 2^n * p(f), n = round(x), f in [-1/2, 1/2]. kDegree 6: p the
-// Taylor polynomial of 2^f (relative error ~1.2e-7, fp32's level); kDegree 4:
-// a minimax fit with p(0) = 1 (relative error 2.9e-6, for bf16 tensors whose
-// P is rounded to bf16, 2^-9, before its products). Results below 2^-125
+// 2^x with the polynomials of exp2_poly.hpp. Results below 2^-125
 // (masked scores: x = -inf) are 0: x is clamped at -125 so that vscalefps
 // never underflows, and those lanes are zeroed. An underflowing vscalefps
 // takes a microcode assist (~150 cycles) without FTZ, and masked tiles are
@@ -75,21 +73,9 @@ __m512 exp2_ps(__m512 x) {
   x = _mm512_max_ps(lowest, x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p;
-  if constexpr (kDegree == 6) {
-    p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  } else {
-    p = _mm512_set1_ps(9.5828517127e-03f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426650e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024098652e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312419305e-01f));
-  }
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  constexpr const auto& kCoefficients = Exp2Poly<kDegree>::kCoefficients;
+  __m512 p = _mm512_set1_ps(kCoefficients[0]);
+  for (int i = 1; i <= kDegree; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kCoefficients[i]));
   return _mm512_maskz_scalef_ps(kept, p, n);
 }
 

@@ -31,6 +31,7 @@
 #include "common/half.hpp"
 #include "common/kvcache_params.hpp"
 #include "cpu/config.hpp"
+#include "cpu/exp2_poly.hpp"
 
 namespace flashattn {
 namespace cpu {
@@ -44,20 +45,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // 2^x for x <= 0 (and -inf -> 0) without a call, so loops over it vectorize:
-// 2^n * p(f), n = round(x), f in [-1/2, 1/2], p the degree-6 Taylor polynomial
-// of 2^f (relative error ~1.2e-7, the CPU backend's exp2). Below 2^-126 the
+// 2^n * p(f), n = round(x), f in [-1/2, 1/2], p the degree-6 polynomial of
+// exp2_poly.hpp (relative error ~1.2e-7, the CPU backend's exp2). Below 2^-126 the
 // result flushes to 0, far under any probability that matters next to 1.
 inline float exp2_nonpositive(float x) {
   x = x < -127.0f ? -127.0f : x;
   const float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23
   const float f = x - n;
-  float p = 1.5403530393381606e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
+  constexpr const auto& kCoefficients = Exp2Poly<6>::kCoefficients;
+  float p = kCoefficients[0];
+  for (int i = 1; i <= 6; ++i) p = p * f + kCoefficients[i];
   const uint32_t scale_bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // 0 for n = -127
   return p * __builtin_bit_cast(float, scale_bits);
 }
