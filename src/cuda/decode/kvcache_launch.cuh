@@ -12,42 +12,12 @@
 
 namespace flashattn::cuda::decode {
 
-// The warp-streamed kernel (split_kv_warp.cuh) with kRows packed rows per block.
-template <typename Element, int kHeadDim, int kRows>
-fa_status launch_split_kv_warp(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                               float* lse_partial, cudaStream_t stream) {
-  using Traits = SplitKvWarpTraits<Element, kHeadDim, kRows>;
+// One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
+// takes the same arguments, its Traits give the block size and shared memory.
+template <class Traits, class Kernel>
+fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
+                          float* lse_partial, cudaStream_t stream) {
   const int smem = static_cast<int>(Traits::smem_bytes());
-  auto kernel = split_kv_warp_kernel<Traits, Element>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
-  FA_CUDA_CHECK(cudaGetLastError());
-  return FA_OK;
-}
-
-// The tensor-core kernel (split_kv_mma.cuh), 16 packed rows per block.
-template <typename Element, int kHeadDim>
-fa_status launch_split_kv_mma(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial, float* lse_partial,
-                              cudaStream_t stream) {
-  using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-  const int smem = static_cast<int>(Traits::smem_bytes());
-  auto kernel = split_kv_mma_kernel<Traits, Element>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
-  FA_CUDA_CHECK(cudaGetLastError());
-  return FA_OK;
-}
-
-// The tile kernel (kvcache_kernel.cuh), 16 packed rows per block.
-template <typename Element, int kHeadDim>
-fa_status launch_split_kv_tiles(const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                                float* lse_partial, cudaStream_t stream) {
-  using Traits = DecodeTraits<Element, kHeadDim>;
-  static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
-  const int smem = static_cast<int>(Traits::smem_bytes());
-  auto kernel = split_kv_kernel<Traits, Element>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
   kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
@@ -74,18 +44,22 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
-  fa_status status = FA_OK;
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
-    status = launch_split_kv_mma<Element, kHeadDim>(p, plan, o_partial, lse_partial, stream);
+    using Traits = SplitKvMmaTraits<Element, kHeadDim>;
+    FA_TRY(launch_split_kv<Traits>(split_kv_mma_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
-    status = rows_per_block(rows, kKernel) == 4
-                 ? launch_split_kv_warp<Element, kHeadDim, 4>(p, plan, o_partial, lse_partial, stream)
-                 : launch_split_kv_warp<Element, kHeadDim, 8>(p, plan, o_partial, lse_partial, stream);
+    using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
+    using Eight = SplitKvWarpTraits<Element, kHeadDim, 8>;
+    if (rows_per_block(rows, kKernel) == 4)
+      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial, stream));
+    else
+      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial, stream));
   } else {
-    status = launch_split_kv_tiles<Element, kHeadDim>(p, plan, o_partial, lse_partial, stream);
+    using Traits = DecodeTraits<Element, kHeadDim>;
+    static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
+    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
   }
-  FA_TRY(status);
   if (plan.splits > 1) {
     const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kCombineWarps - 1) / kCombineWarps);
     combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
