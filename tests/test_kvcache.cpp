@@ -52,43 +52,16 @@ INSTANTIATE_TEST_SUITE_P(SlowCases, KvCache, ::testing::ValuesIn(kvcache_slow_ca
 // Without an append the cache is the same for every call, so one problem and
 // one reference serve every count.
 TEST(KvCacheSplits, CountsAgreeWithNoSplit) {
-  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"}) {
-    KvCase c;
-    for (const KvCase& candidate : kvcache_cases())
-      if (candidate.name == name) c = candidate;
-    ASSERT_EQ(c.name, name);
-    c.S_new = 0;
-    c.rotary = Rotary::kNone;
-    KvProblem p = make_kv_problem(c);
-    const KvReference reference = kv_reference(p);
-    std::vector<double> no_split;
-    for (int32_t splits : {1, 2, 3, 7, 16, 64}) {
-      SCOPED_TRACE(std::string(name) + " num_splits " + std::to_string(splits));
-      p.c.num_splits = splits;
-      p.poison_outputs();
-      run_kvcache(p);
-      if (HasFatalFailure()) return;
-      ASSERT_TRUE(fully_written("out", p.out));
-      expect_kvcache_matches(p, reference);
-      const std::vector<double> o = p.out.to_vector();
-      if (splits == 1) {
-        no_split = o;
-        continue;
-      }
-      double worst = 0.0;
-      for (size_t e = 0; e < o.size(); ++e) worst = std::max(worst, std::fabs(o[e] - no_split[e]));
-      EXPECT_LE(worst, 0.02) << "split output departs from the unsplit one";
-    }
-  }
+  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"})
+    expect_split_counts_agree(name, {1, 2, 3, 7, 16, 64}, run_kvcache);
 }
 
 // Bad input: a clear error naming the argument; out, lse and both caches untouched.
 class KvCacheBadInput : public ::testing::Test {
  protected:
   void SetUp() override {
-    KvCase c;
-    for (const KvCase& candidate : kvcache_cases())
-      if (candidate.name == "paged16_fp16_leftpad_rotary_interleaved") c = candidate;
+    const KvCase c = kvcache_case("paged16_fp16_leftpad_rotary_interleaved");
+    ASSERT_FALSE(c.name.empty());
     p_ = make_kv_problem(c);
     p_.poison_outputs();
     k_before_ = p_.k_cache.bytes();

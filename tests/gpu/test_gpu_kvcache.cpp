@@ -113,43 +113,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuKvCache, ::testing::ValuesIn(as_gpu(kvcache_c
 // Split counts 1 .. 128 (the kernel's maximum) against the reference and against no split.
 TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
   FA_GPU_TEST_OR_SKIP();
-  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"}) {
-    KvCase c;
-    for (const KvCase& candidate : kvcache_cases())
-      if (candidate.name == name) c = candidate;
-    ASSERT_EQ(c.name, name);
-    c.S_new = 0;  // the cache stays as it is: one problem and one reference serve every count
-    c.rotary = Rotary::kNone;
-    KvProblem p = make_kv_problem(c);
-    const KvReference reference = kv_reference(p);
-    std::vector<double> no_split;
-    for (int32_t splits : {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}) {
-      SCOPED_TRACE(std::string(name) + " num_splits " + std::to_string(splits));
-      p.c.num_splits = splits;
-      p.poison_outputs();
-      run_on_device(p);
-      if (HasFatalFailure()) return;
-      ASSERT_TRUE(fully_written("out", p.out));
-      expect_kvcache_matches(p, reference);
-      const std::vector<double> o = p.out.to_vector();
-      if (splits == 1) {
-        no_split = o;
-        continue;
-      }
-      double worst = 0.0;
-      for (size_t e = 0; e < o.size(); ++e) worst = std::max(worst, std::fabs(o[e] - no_split[e]));
-      EXPECT_LE(worst, 0.02) << "split output departs from the unsplit one";
-    }
-  }
+  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"})
+    expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
 }
 
 // The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by
 // name, before anything runs (out stays poisoned, the cache unchanged).
 TEST(GpuKvCacheErrors, HeadDimNotMultipleOf8) {
   FA_GPU_TEST_OR_SKIP();
-  KvCase c;
-  for (const KvCase& candidate : kvcache_cases())
-    if (candidate.name == "contig_bf16_decode_noappend") c = candidate;
+  KvCase c = kvcache_case("contig_bf16_decode_noappend");
   ASSERT_EQ(c.name, "contig_bf16_decode_noappend");
   c.D = c.Dv = 60;
   KvProblem p = make_kv_problem(c);

@@ -196,6 +196,12 @@ const std::vector<KvCase>& kvcache_cases() {
   return cases;
 }
 
+KvCase kvcache_case(const std::string& name) {
+  for (const KvCase& c : kvcache_cases())
+    if (c.name == name) return c;
+  return KvCase{};
+}
+
 std::vector<KvCase> kvcache_fast_cases() {
   std::vector<KvCase> out;
   for (const KvCase& c : kvcache_cases())
@@ -403,6 +409,34 @@ void expect_kvcache_matches(const KvProblem& p, const KvReference& r) {
     for (int64_t d = 0; d < p.c.Dv; ++d) bad += o[r * p.c.Dv + d] == 0.0 ? 0 : 1;
   }
   EXPECT_EQ(bad, 0) << "rows that see no key must give O = 0";
+}
+
+void expect_split_counts_agree(const std::string& name, std::initializer_list<int32_t> counts,
+                               const std::function<void(KvProblem&)>& run) {
+  KvCase c = kvcache_case(name);
+  ASSERT_EQ(c.name, name);
+  c.S_new = 0;
+  c.rotary = Rotary::kNone;
+  KvProblem p = make_kv_problem(c);
+  const KvReference reference = kv_reference(p);
+  std::vector<double> no_split;
+  for (int32_t splits : counts) {
+    SCOPED_TRACE(name + " num_splits " + std::to_string(splits));
+    p.c.num_splits = splits;
+    p.poison_outputs();
+    run(p);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_TRUE(fully_written("out", p.out));
+    expect_kvcache_matches(p, reference);
+    const std::vector<double> o = p.out.to_vector();
+    if (splits == 1) {
+      no_split = o;
+      continue;
+    }
+    double worst = 0.0;
+    for (size_t e = 0; e < o.size(); ++e) worst = std::max(worst, std::fabs(o[e] - no_split[e]));
+    EXPECT_LE(worst, 0.02) << "split output departs from the unsplit one";
+  }
 }
 
 }  // namespace fatest

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -44,6 +46,8 @@ struct KvCase {
 
 void PrintTo(const KvCase& c, std::ostream* os);
 const std::vector<KvCase>& kvcache_cases();
+// The shared case called `name`; a case with an empty name when there is none.
+KvCase kvcache_case(const std::string& name);
 std::vector<KvCase> kvcache_fast_cases();
 std::vector<KvCase> kvcache_slow_cases();
 
@@ -77,5 +81,11 @@ KvReference kv_reference(const KvProblem& p);
 // rows exact, both caches equal to the expected ones byte for byte.
 void expect_kvcache_matches(const KvProblem& p, const KvReference& r);
 inline void expect_kvcache_matches(const KvProblem& p) { expect_kvcache_matches(p, kv_reference(p)); }
+
+// Case `name` without an append or rotary (one problem and one reference then serve every
+// call), run by `run` (which fills p.out) at each split count: every result meets the
+// reference, and each stays within 0.02 of the unsplit one (the combine is exact up to rounding).
+void expect_split_counts_agree(const std::string& name, std::initializer_list<int32_t> counts,
+                               const std::function<void(KvProblem&)>& run);
 
 }  // namespace fatest
