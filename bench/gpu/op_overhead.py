@@ -87,6 +87,7 @@ def backward_layers(q, k, v, dout):
 
 
 def timings(fn, reps=50):
+    """Microseconds per step: median wall time with a sync, host enqueue time, back-to-back GPU time."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -96,20 +97,14 @@ def timings(fn, reps=50):
         fn()
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    enqueue = (time.perf_counter() - t0) / reps
-    torch.cuda.synchronize()
+    enqueue = enqueue_us(fn, reps)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
     start.record()
     for _ in range(reps):
         fn()
     end.record()
     end.synchronize()
-    return sorted(walls)[reps // 2], enqueue, start.elapsed_time(end) / reps * 1e-3
+    return sorted(walls)[reps // 2] * 1e6, enqueue, start.elapsed_time(end) / reps * 1e3
 
 
 def main():
@@ -119,8 +114,8 @@ def main():
     fns = step_fns(q, k, v, dout)
     for name, fn in fns.items():
         wall, enqueue, gpu = timings(fn)
-        print(f"{name:10s} wall+sync {wall * 1e6:8.1f} us  enqueue only {enqueue * 1e6:8.1f} us  "
-              f"back-to-back per step {gpu * 1e6:8.1f} us", flush=True)
+        print(f"{name:10s} wall+sync {wall:8.1f} us  enqueue only {enqueue:8.1f} us  "
+              f"back-to-back per step {gpu:8.1f} us", flush=True)
     layers(q, k, v)
     backward_layers(q, k, v, dout)
     profile = cProfile.Profile()

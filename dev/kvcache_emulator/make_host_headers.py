@@ -19,27 +19,31 @@ inline void cp_async_commit() {}
 template <int kPending> inline void cp_async_wait() {}
 
 """ + kk[b:]
-kk = kk.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu::block_smem;")
-# Static shared arrays: one static per kernel serves all threads (the emulator runs one block at a time).
-kk = kk.replace("__shared__ float weights[", "static float weights[")
+# Every header: device includes become the host versions written here (or mma_shim.hpp), extern
+# shared arrays point at the emulated block's shared memory, static shared arrays become statics
+# (one per kernel serves all threads: the emulator runs one block at a time).
+REPLACEMENTS = [
+    ('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n'),
+    ('#include "cuda/decode/block_merge.cuh"\n', '#include "block_merge_host.hpp"\n'),
+    ('#include "cuda/sm80/mma.cuh"\n', '#include "mma_shim.hpp"\n'),
+    ('#include "cuda/decode/kvcache_launch.hpp"\n', ""),
+    ("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu::block_smem;"),
+    ("extern __shared__ __align__(16) uint4 smem_chunks[];",
+     "uint4* smem_chunks = reinterpret_cast<uint4*>(emu::block_smem);"),
+    ("__shared__ float weights[", "static float weights["),
+]
+
+
+def write_host(text, name):
+    for old, new in REPLACEMENTS:
+        text = text.replace(old, new)
+    open(f"{out}/{name}", "w").write(text)
+
+
+# kvcache_kernel.cuh takes its two constants from kvcache_launch.hpp, which needs the CUDA runtime.
 kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
                 "namespace flashattn::cuda::decode { constexpr int kKeysPerTile = 64; constexpr int kMaxSplits = 128; }\n")
-open(f"{out}/kvcache_kernel_host.hpp", "w").write(kk)
-bm = open(f"{src}/cuda/decode/block_merge.cuh").read()
-bm = bm.replace('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n')
-open(f"{out}/block_merge_host.hpp", "w").write(bm)
-sw = open(f"{src}/cuda/decode/split_kv_warp.cuh").read()
-sw = sw.replace('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n')
-sw = sw.replace('#include "cuda/decode/kvcache_launch.hpp"\n', "")
-sw = sw.replace('#include "cuda/decode/block_merge.cuh"\n', '#include "block_merge_host.hpp"\n')
-sw = sw.replace("extern __shared__ __align__(16) uint4 smem_chunks[];",
-                "uint4* smem_chunks = reinterpret_cast<uint4*>(emu::block_smem);")
-open(f"{out}/split_kv_warp_host.hpp", "w").write(sw)
-# The tensor-core kernel: mma.sync and the bf16 pair packing come from mma_shim.hpp.
-sm = open(f"{src}/cuda/decode/split_kv_mma.cuh").read()
-sm = sm.replace('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n')
-sm = sm.replace('#include "cuda/decode/block_merge.cuh"\n', '#include "block_merge_host.hpp"\n')
-sm = sm.replace('#include "cuda/decode/kvcache_launch.hpp"\n', "")
-sm = sm.replace('#include "cuda/sm80/mma.cuh"\n', '#include "mma_shim.hpp"\n')
-sm = sm.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu::block_smem;")
-open(f"{out}/split_kv_mma_host.hpp", "w").write(sm)
+write_host(kk, "kvcache_kernel_host.hpp")
+for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
+                     ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):
+    write_host(open(f"{src}/cuda/decode/{header}").read(), name)
