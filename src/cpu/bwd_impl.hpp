@@ -31,16 +31,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/bwd_group.hpp"
 #include "cpu/scratch.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace flashattn {
 namespace cpu {
 namespace {
-
-inline const float* lse_row(const BwdParams& p, const Sequence& seq, int64_t b, int64_t h) {
-  return p.lse + b * p.lse_layout.batch + seq.q_row0 * p.lse_layout.row + h * p.lse_layout.head;
-}
 
 // Rows [chunk * kBlockM, +kBlockM) of Q, dO, LSE (log2 units) and
 // delta = rowsum(dO * O) of query head h, into the team's shared arrays.
@@ -288,7 +285,7 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
 // so all finished the previous step. Threads: team_size, capped by the
 // largest step's final loop (see run_fwd on spinning waits).
 template <class Isa>
-fa_status run_bwd(const BwdParams& p, void* workspace) {
+fa_status run_bwd_split(const BwdParams& p, void* workspace) {
   char* base = align_workspace(workspace);
   ScratchArena shared(base);
   StagedQ staged_q[2];
@@ -344,22 +341,18 @@ fa_status run_bwd(const BwdParams& p, void* workspace) {
         }
       }
     }
-    // Rows after the last sequence belong to no sequence, and to no item:
-    // their gradient is 0.
     if (p.is_varlen) {
 #pragma omp single nowait
-      {
-        const int64_t q_used = p.cu_seqlens_q[p.batch], k_used = p.cu_seqlens_k[p.batch];
-        zero_rows<Isa>(p.dq, p.dtype, p.dq_layout, p.heads, q_used, p.total_q, static_cast<int>(p.head_dim),
-                       q_w.row_tmp);
-        zero_rows<Isa>(p.dk, p.dtype, p.dk_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim),
-                       q_w.row_tmp);
-        zero_rows<Isa>(p.dv, p.dtype, p.dv_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim_v),
-                       q_w.row_tmp);
-      }
+      zero_unused_rows<Isa>(p, q_w.row_tmp);
     }
   }
   return FA_OK;
+}
+
+template <class Isa>
+fa_status run_bwd(const BwdParams& p, void* workspace) {
+  return bwd_scheme(p) == BwdScheme::kOwnedGroups ? run_bwd_groups<Isa>(p, workspace)
+                                                   : run_bwd_split<Isa>(p, workspace);
 }
 
 }  // namespace

@@ -57,6 +57,17 @@ IsaLevel isa_level() {
   return level;
 }
 
+// Owned groups from this many (batch, kv head) groups on (bwd_impl.hpp says
+// why 16); FLASHATTN_CPU_BWD=split or =groups forces a scheme, so that the
+// tests run both on their shapes.
+constexpr int64_t kMinOwnedGroups = 16;
+BwdScheme bwd_scheme(const AttnParams& p) {
+  static const char* const forced = std::getenv("FLASHATTN_CPU_BWD");
+  if (forced != nullptr && std::strcmp(forced, "split") == 0) return BwdScheme::kSplitPasses;
+  if (forced != nullptr && std::strcmp(forced, "groups") == 0) return BwdScheme::kOwnedGroups;
+  return p.batch * p.heads_kv >= kMinOwnedGroups ? BwdScheme::kOwnedGroups : BwdScheme::kSplitPasses;
+}
+
 // Layout: [alignment slack][staged K/V][per-thread regions]; see scratch.hpp.
 size_t fwd_workspace_bytes(const FwdParams& params) {
   return kWorkspaceSlack + fwd_shared_bytes(params) + threads_of(params) * fwd_thread_bytes(params);

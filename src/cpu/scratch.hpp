@@ -295,17 +295,78 @@ inline size_t fwd_shared_bytes(const AttnParams& p) {
   return arena.used();
 }
 
-// The passes run one after the other, so each thread's region serves both.
+// The two backward schemes (bwd_impl.hpp). The choice depends on the shape
+// and on FLASHATTN_CPU_BWD (=split or =groups, for tests), never on the
+// thread count; defined in dispatch.cpp.
+enum class BwdScheme { kSplitPasses, kOwnedGroups };
+BwdScheme bwd_scheme(const AttnParams& p);
+
+// The owned-groups scheme (bwd_group.hpp): one thread's region holds its
+// (batch, kv head) group's K, V rows and dK, dV sums, O(S * D), and the
+// tiles of one Q tile. Scores are key-major, like the forward.
+struct BwdGroupScratch {
+  void* isa;
+  float* k;       // (seqlen_k, D) the group's K rows
+  float* v;       // (seqlen_k, Dv)
+  float* dk;      // (seqlen_k, D) dK sums over the group's query heads
+  float* dv;      // (seqlen_k, Dv)
+  float* q;       // (kBlockM, D)  B operand of dK += dS^T Q
+  float* q_t;     // (D, kBlockM)  B operand of S^T = K Q^T
+  float* dout;    // (kBlockM, Dv) B operand of dV += P^T dO
+  float* dout_t;  // (Dv, kBlockM) B operand of dP^T = V dO^T
+  float* s_t;     // (kBlockN, kBlockM) scores, then P^T (dropped)
+  float* dp_t;    // (kBlockN, kBlockM) dP^T, then dS^T
+  float* tanh;    // (kBlockN, kBlockM) only with softcap
+  float* drop;    // (kBlockN, kBlockM) only with dropout
+  float* dq;      // (kBlockM, D)
+  float* lse2;    // (kBlockM)
+  float* delta;   // (kBlockM)
+  float* row_tmp;   // (kTransposeRows, max(D, Dv))
+  float* row_tmp2;  // (max(D, Dv))
+};
+
+inline BwdGroupScratch carve_bwd_group(ScratchArena& arena, const AttnParams& p) {
+  const int64_t tile = kBlockM * kBlockN;
+  BwdGroupScratch s;
+  s.isa = arena.take_bytes(isa_scratch_bytes(p));
+  s.k = arena.take_floats(p.seqlen_k * p.head_dim);
+  s.v = arena.take_floats(p.seqlen_k * p.head_dim_v);
+  s.dk = arena.take_floats(p.seqlen_k * p.head_dim);
+  s.dv = arena.take_floats(p.seqlen_k * p.head_dim_v);
+  s.q = arena.take_floats(kBlockM * p.head_dim);
+  s.q_t = arena.take_floats(p.head_dim * kBlockM);
+  s.dout = arena.take_floats(kBlockM * p.head_dim_v);
+  s.dout_t = arena.take_floats(p.head_dim_v * kBlockM);
+  s.s_t = arena.take_floats(tile);
+  s.dp_t = arena.take_floats(tile);
+  s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
+  s.drop = p.dropout.enabled ? arena.take_floats(tile) : nullptr;
+  s.dq = arena.take_floats(kBlockM * p.head_dim);
+  s.lse2 = arena.take_floats(kBlockM);
+  s.delta = arena.take_floats(kBlockM);
+  s.row_tmp = arena.take_floats(kTransposeRows * std::max(p.head_dim, p.head_dim_v));
+  s.row_tmp2 = arena.take_floats(std::max(p.head_dim, p.head_dim_v));
+  return s;
+}
+
+// Split passes: they run one after the other, so each thread's region
+// serves both.
 inline size_t bwd_thread_bytes(const AttnParams& p) {
   ScratchArena kv, q;
+  if (bwd_scheme(p) == BwdScheme::kOwnedGroups) {
+    carve_bwd_group(kv, p);
+    return kv.used();
+  }
   carve_bwd_kv(kv, p);
   carve_bwd_q(q, p);
   return std::max(kv.used(), q.used());
 }
 
-// Both passes' staged rows at once, twice: steps alternate (bwd_impl.hpp).
+// Split passes: both passes' staged rows at once, twice, as steps alternate
+// (bwd_impl.hpp). Owned groups share nothing.
 inline size_t bwd_shared_bytes(const AttnParams& p) {
   ScratchArena arena;
+  if (bwd_scheme(p) == BwdScheme::kOwnedGroups) return 0;
   for (int x = 0; x < 2; ++x) {
     carve_staged_q(arena, p);
     carve_staged_kv(arena, p);

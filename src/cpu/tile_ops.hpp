@@ -177,6 +177,21 @@ void zero_rows(void* data, fa_dtype dtype, const TensorLayout& layout, int64_t h
       store_tile<Isa>(data, dtype, layout, 0, row, h, 1, cols, row_tmp, 0, 1.0f, row_tmp);
 }
 
+// Varlen rows after the last sequence belong to no sequence, and to no work
+// item of the backward: their gradient is 0.
+template <class Isa>
+void zero_unused_rows(const BwdParams& p, float* row_tmp) {
+  const int64_t q_used = p.cu_seqlens_q[p.batch], k_used = p.cu_seqlens_k[p.batch];
+  zero_rows<Isa>(p.dq, p.dtype, p.dq_layout, p.heads, q_used, p.total_q, static_cast<int>(p.head_dim), row_tmp);
+  zero_rows<Isa>(p.dk, p.dtype, p.dk_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim), row_tmp);
+  zero_rows<Isa>(p.dv, p.dtype, p.dv_layout, p.heads_kv, k_used, p.total_k, static_cast<int>(p.head_dim_v), row_tmp);
+}
+
+// LSE of query row 0 of sequence b, head h; row i at i * lse_layout.row.
+inline const float* lse_row(const BwdParams& p, const Sequence& seq, int64_t b, int64_t h) {
+  return p.lse + b * p.lse_layout.batch + seq.q_row0 * p.lse_layout.row + h * p.lse_layout.head;
+}
+
 // What turns q.k into a score for one (sequence, query head).
 struct ScoreContext {
   MaskPolicy mask;
