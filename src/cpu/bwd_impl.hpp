@@ -1,5 +1,21 @@
-// FlashAttention-2 backward on the CPU with recomputation, instantiated once
-// per ISA kernel set.
+// FlashAttention-2 backward on the CPU, instantiated once per ISA kernel set,
+// in one of two schemes. Both give results bitwise equal for any thread count
+// (each output element is summed in a fixed order by one work item), and the
+// choice between them depends on the shape alone (dispatch.cpp, bwd_scheme),
+// never on the thread count, or the bits would.
+//
+// Owned groups (bwd_group.hpp), from 16 (batch, kv head) groups on: one
+// thread computes all gradients of a group, five products per (Q tile, K/V
+// tile) pair. Its parallelism is the group count: with fewer groups than
+// threads some idle, and since the choice cannot look at the thread count,
+// the threshold is where it pays on up to ~16 threads: with T threads and G
+// groups it takes ceil(G / T) groups of 5 products against G / T of 7 for
+// the split passes, a loss only where ceil(G / T) > 1.4 G / T (G = 16: at
+// T = 12..15 and T >= 23, counting products alone). Its memory is O(S * D)
+// per thread (the group's K, V and dK, dV sums).
+//
+// Split passes (below), with fewer groups: work items finer than a group,
+// at the price of recomputing S and dP for dQ, seven products per pair.
 //
 // Why two passes: dK and dV of a K/V tile sum over query tiles and the query
 // heads of its GQA group, dQ of a Q tile sums over K/V tiles. Accumulating dQ
