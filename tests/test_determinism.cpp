@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "support/cases.hpp"
+#include "support/checks.hpp"
 #include "support/problem.hpp"
 
 namespace fatest {
@@ -51,6 +52,30 @@ TEST_P(Determinism, BitwiseAcrossRunsAndThreadCounts) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Determinism, ::testing::ValuesIn(determinism_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// 16 (batch, kv head) groups: the CPU backward takes its owned-groups scheme
+// by shape (src/cpu/bwd_impl.hpp), which no case of the shared list reaches;
+// its choice and its bits must not move with the thread count either.
+TEST(ManyGroups, BitwiseAcrossThreadCountsAndMatchesReference) {
+  Case c;
+  c.name = "fp32_b2h16kv8_q300k300_d32_causalBR";
+  c.B = 2;
+  c.H = 16;
+  c.Hkv = 8;
+  c.Sq = c.Sk = 300;
+  c.D = c.Dv = 32;
+  c.causal = true;
+  Problem p = make_problem(c);
+  const Outputs base = run(p, 1);
+  ASSERT_FALSE(HasFailure());
+  expect_gradients_match_reference(p, backward_reference(p));
+  for (int32_t threads : {2, 7}) {
+    const Outputs again = run(p, threads);
+    EXPECT_TRUE(again.dq == base.dq) << "dQ differs with " << threads << " threads";
+    EXPECT_TRUE(again.dk == base.dk) << "dK differs with " << threads << " threads";
+    EXPECT_TRUE(again.dv == base.dv) << "dV differs with " << threads << " threads";
+  }
+}
 
 // The library default thread count (num_threads = 0) follows fa_set_default_num_threads and gives the same bits.
 TEST(DefaultThreads, DefaultCountGivesSameBits) {

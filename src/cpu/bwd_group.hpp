@@ -15,6 +15,8 @@
 // do not depend on the thread count or on which thread takes the group.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "cpu/scratch.hpp"
