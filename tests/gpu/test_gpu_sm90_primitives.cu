@@ -6,7 +6,10 @@
 //      inside and across 64-column blocks) gives the accumulator layout of
 //      wgmma.cuh;
 //   3. O = P V with P converted from that accumulator to A fragments and V
-//      as an MN-major operand over two 64-column blocks (the leading offset).
+//      as an MN-major operand over two 64-column blocks (the leading offset);
+//   4. the backward's dQ = dS K with both operands MN-major from shared
+//      memory: dS stored key-major (as dS^T), K as loaded, one 64-column
+//      block of K per instruction.
 // Only compute capability 9.0 runs them; elsewhere they skip with the reason.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -222,6 +225,71 @@ TEST(GpuSm90Primitives, WgmmaQKThenPVMatchHost) {
   cudaFree(dv);
   cudaFree(ds);
   cudaFree(dout);
+}
+
+// --- 4. wgmma with both operands MN-major: dQ = dS K -------------------------
+
+// dS^T (kN keys, kM queries) and K (kN keys, kD): C (kM, kD) = dS K, one N = 64
+// instruction chain per 64-column block of K.
+__global__ void wgmma_transposed_kernel(const T* ds_t, const T* k, float* c_out) {
+  using namespace flashattn::sm90;
+  extern __shared__ unsigned char smem_raw[];
+  uint8_t* sDs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sK = sDs + kN * kM * 2;
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kN * kM; i += 128)
+    *reinterpret_cast<T*>(sDs + swizzled_offset(kN, i / kM, i % kM)) = ds_t[i];
+  for (int i = tid; i < kN * kD; i += 128)
+    *reinterpret_cast<T*>(sK + swizzled_offset(kN, i / kD, i % kD)) = k[i];
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const uint32_t ds_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sDs));
+  const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK));
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  for (int block = 0; block < kD / 64; ++block) {
+    float acc[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk)
+      WgmmaSS<T, 64>::run<1, 1>(acc, desc_mn_major(ds_addr + kk * 16 * 128, kN * 128),
+                                desc_mn_major(k_addr + block * kN * 128 + kk * 16 * 128, kN * 128), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc);
+    for (int j = 0; j < 8; ++j)
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c)
+          c_out[(warp * 16 + g + 8 * r) * kD + block * 64 + 8 * j + 2 * t + c] = acc[4 * j + 2 * r + c];
+  }
+}
+
+TEST(GpuSm90Primitives, WgmmaBothOperandsMnMajorMatchHost) {
+  SM90_SKIP_UNLESS_HOPPER();
+  const std::vector<uint16_t> ds_t = random_bf16(kN * kM, 5), k = random_bf16(kN * kD, 6);
+  T *d_ds = nullptr, *d_k = nullptr;
+  float* d_c = nullptr;
+  SM90_CUDA_ASSERT(cudaMalloc(&d_ds, ds_t.size() * 2));
+  SM90_CUDA_ASSERT(cudaMalloc(&d_k, k.size() * 2));
+  SM90_CUDA_ASSERT(cudaMalloc(&d_c, kM * kD * 4));
+  SM90_CUDA_ASSERT(cudaMemcpy(d_ds, ds_t.data(), ds_t.size() * 2, cudaMemcpyHostToDevice));
+  SM90_CUDA_ASSERT(cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+  const int smem = 1024 + (kN * kM + kN * kD) * 2;
+  SM90_CUDA_ASSERT(cudaFuncSetAttribute(wgmma_transposed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  wgmma_transposed_kernel<<<1, 128, smem>>>(d_ds, d_k, d_c);
+  SM90_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> c(kM * kD);
+  SM90_CUDA_ASSERT(cudaMemcpy(c.data(), d_c, c.size() * 4, cudaMemcpyDeviceToHost));
+  double err = 0.0;
+  for (int i = 0; i < kM; ++i)
+    for (int d = 0; d < kD; ++d) {
+      double ref = 0.0;
+      for (int j = 0; j < kN; ++j) ref += double(from_bf16_bits(ds_t[j * kM + i])) * from_bf16_bits(k[j * kD + d]);
+      err = std::max(err, std::abs(ref - c[i * kD + d]));
+    }
+  EXPECT_LT(err, 1e-3) << "dQ = dS K (A and B MN-major: transpose flags, descriptors of a key-major dS tile)";
+  cudaFree(d_ds);
+  cudaFree(d_k);
+  cudaFree(d_c);
 }
 
 }  // namespace
