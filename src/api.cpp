@@ -312,6 +312,23 @@ const char* fa_fwd_kernel_path(const fa_fwd_args* args) {
   return status == FA_OK ? path : nullptr;
 }
 
+const char* fa_bwd_kernel_path(const fa_bwd_args* args) {
+  const char* path = nullptr;
+  const fa_status status = guarded([&] {
+    BwdParams params;
+    FA_TRY(prepare(args, params, validate_bwd));
+#if defined(FLASHATTN_WITH_CUDA)
+    if (args->q.device == FA_DEVICE_CUDA) {
+      path = cuda::bwd_kernel_path(params);
+      return FA_OK;
+    }
+#endif
+    path = "cpu";
+    return FA_OK;
+  });
+  return status == FA_OK ? path : nullptr;
+}
+
 int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads, int64_t i, int64_t j,
                         float p) {
   if (!(p > 0.0f)) return 1;

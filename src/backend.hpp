@@ -14,6 +14,8 @@ size_t fwd_workspace_bytes(const FwdParams& params);
 fa_status fwd(const FwdParams& params, void* workspace);
 size_t bwd_workspace_bytes(const BwdParams& params);
 fa_status bwd(const BwdParams& params, void* workspace);
+// "cuda-sm90" or "cuda-sm80": the backward kernel family bwd() runs for params.
+const char* bwd_kernel_path(const BwdParams& params);
 size_t fwd_kvcache_workspace_bytes(const KvCacheParams& params);
 fa_status fwd_kvcache(const KvCacheParams& params, void* workspace);
 }  // namespace cpu
@@ -28,6 +30,8 @@ fa_status fwd(const FwdParams& params, void* workspace);
 const char* fwd_kernel_path(const FwdParams& params);
 size_t bwd_workspace_bytes(const BwdParams& params);
 fa_status bwd(const BwdParams& params, void* workspace);
+// "cuda-sm90" or "cuda-sm80": the backward kernel family bwd() runs for params.
+const char* bwd_kernel_path(const BwdParams& params);
 fa_status check_kvcache_supported(const KvCacheParams& params);
 size_t fwd_kvcache_workspace_bytes(const KvCacheParams& params);
 fa_status fwd_kvcache(const KvCacheParams& params, void* workspace);

@@ -187,6 +187,13 @@ FA_API const char* fa_version(void);
  * environment variable FLASHATTN_CUDA_FWD=sm80 forces the sm80 family. */
 FA_API const char* fa_fwd_kernel_path(const fa_fwd_args* args);
 
+/* The backward kernel family fa_bwd would run: "cpu", "cuda-sm80" or
+ * "cuda-sm90" (compute capability 9.0, head dims in (64, 128], no softcap,
+ * ALiBi or dropout). NULL when the arguments are invalid.
+ * FLASHATTN_CUDA_BWD=sm80 forces the sm80 family; =sm90 also takes head dims
+ * up to 64 to sm90. */
+FA_API const char* fa_bwd_kernel_path(const fa_bwd_args* args);
+
 /* Philox keep decision of the documented dropout mapping (for tests and
  * other implementations): 1 keep, 0 drop. */
 FA_API int32_t fa_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t num_heads,

@@ -166,10 +166,58 @@ bool use_sm90_forward(const FwdParams& params) {
          tma_describable(params.v, params.v_layout, params.heads_kv, batch);
 }
 
+// Head-dim class of the sm90 backward for D, Dv (64, 128), or 0 when none is compiled.
+int sm90_bwd_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t needed = std::max(head_dim, head_dim_v);
+  if (needed <= 64 && FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_64) return 64;
+  if (needed <= 128 && FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_128) return 128;
+  return 0;
+}
+
+// The Hopper backward serves compute capability 9.0 for head dims in (64, 128]
+// without softcap, ALiBi or dropout, when TMA can describe Q, dO, K and V. At
+// head dims up to 64 it measured 0.89-0.93x the sm80 backward (BENCHMARKS.md,
+// session 4: 64-query items are too short to hide its per-item barriers), so
+// those stay on sm80 unless FLASHATTN_CUDA_BWD=sm90 asks for it;
+// FLASHATTN_CUDA_BWD=sm80 forces the FA2 backward everywhere (A/B in one process).
+bool use_sm90_backward(const BwdParams& params) {
+  const char* forced = std::getenv("FLASHATTN_CUDA_BWD");
+  if (forced != nullptr && std::strcmp(forced, "sm80") == 0) return false;
+  const bool force_sm90 = forced != nullptr && std::strcmp(forced, "sm90") == 0;
+  if (!force_sm90 && std::max(params.head_dim, params.head_dim_v) <= 64) return false;
+  if (params.dropout.enabled || params.softcap > 0.0f || params.alibi_slopes != nullptr) return false;
+  if (params.total_q == 0 || params.total_k == 0) return false;
+  if (sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v) == 0) return false;
+  if (compute_capability(params.device_index) != 90) return false;
+  const int64_t batch = params.is_varlen ? 1 : params.batch;
+  return tma_describable(params.q, params.q_layout, params.heads, batch) &&
+         tma_describable(params.dout, params.dout_layout, params.heads, batch) &&
+         tma_describable(params.k, params.k_layout, params.heads_kv, batch) &&
+         tma_describable(params.v, params.v_layout, params.heads_kv, batch);
+}
+
+template <class Fn>
+fa_status dispatch_sm90_bwd_head_dim(int head_dim_class_value, Fn&& fn) {
+  switch (head_dim_class_value) {
+#if FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_64
+    case 64: return fn(std::integral_constant<int, 64>{});
+#endif
+#if FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_128
+    case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+    default: break;
+  }
+  return fail(FA_ERROR_INTERNAL, "sm90 backward head-dim class %d: expected a compiled class", head_dim_class_value);
+}
+
 }  // namespace
 
 const char* fwd_kernel_path(const FwdParams& params) {
   return use_sm90_forward(params) ? "cuda-sm90" : "cuda-sm80";
+}
+
+const char* bwd_kernel_path(const BwdParams& params) {
+  return use_sm90_backward(params) ? "cuda-sm90" : "cuda-sm80";
 }
 
 int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
@@ -200,7 +248,8 @@ BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_va
   int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
   heads = std::max<int64_t>(group, heads / group * group);
   layout.heads_per_pass = static_cast<int>(std::min<int64_t>(heads, params.heads));
-  const int block_m = bwd_tile_config(head_dim_class_value).block_m;
+  // Semaphores for the smaller query tile of the two backward families.
+  const int block_m = std::min(bwd_tile_config(head_dim_class_value).block_m, kSm90BwdBlockM);
   const int64_t m_blocks = (params.seqlen_q + block_m - 1) / block_m;
   layout.dq_accum_bytes = bytes_per_head * layout.heads_per_pass;
   layout.delta_bytes = size_t(params.heads) * size_t(params.total_q) * sizeof(float);
@@ -285,6 +334,15 @@ fa_status bwd(const BwdParams& params, void* workspace) {
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   const int head_dim_class_value = head_dim_class(params.head_dim, params.head_dim_v);
   const BwdWorkspace layout = bwd_workspace_layout(params, head_dim_class_value);
+  if (use_sm90_backward(params))
+    return dispatch_dtype(params.dtype, [&](auto tag) {
+      return dispatch_sm90_bwd_head_dim(sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
+        return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
+          return run_bwd_sm90<decltype(tag), decltype(head_dim)::value, decltype(diagonal)::value>(params, layout,
+                                                                                                   workspace, stream);
+        });
+      });
+    });
   return dispatch_dtype(params.dtype, [&](auto tag) {
     return dispatch_head_dim(head_dim_class_value, [&](auto head_dim) {
       return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {

@@ -49,7 +49,9 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
 
-
-
-
+// Hopper backward (sm_90a, src/cuda/sm90/bwd_kernel.cuh): head-dim classes 64, 128.
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
+// Its query tile, which numbers the deterministic semaphores.
+constexpr int kSm90BwdBlockM = 64;
 }  // namespace flashattn::cuda

@@ -1,10 +1,11 @@
-// Which forward kernel family the dispatcher picks (fa_fwd_kernel_path): on
+// Which kernel family the dispatcher picks (fa_fwd_kernel_path, fa_bwd_kernel_path): on
 // compute capability 9.0 with the Hopper kernels built, every case of the
 // shared list runs the sm90 path except dropout (and problems without keys),
 // which fall back to sm80; elsewhere everything runs sm80. The forward tests of
 // test_gpu_attention.cpp then check the numbers of whichever path this is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -63,6 +64,35 @@ TEST(GpuKernelPath, SharedCasesRunSm90OnHopperDropoutFallsBack) {
   }
 }
 
+// The backward: sm90 for head dims in (64, 128] without softcap, ALiBi or
+// dropout; everything else (and every case off Hopper) on sm80. The backward
+// tests of test_gpu_attention.cpp then check whichever path this is.
+TEST(GpuKernelPath, BackwardRunsSm90AtHdim128WithoutExtras) {
+  FA_GPU_TEST_OR_SKIP();
+  const char* forced = std::getenv("FLASHATTN_CUDA_BWD");
+  if (forced != nullptr) GTEST_SKIP() << "FLASHATTN_CUDA_BWD=" << forced << " forces a path";
+  const bool hopper = compute_capability() == 90 && FA_TEST_SM90_BUILT;
+  int sm90 = 0, sm80 = 0;
+  for (const Case& c : gpu_cases(fast_cases())) {
+    Problem p = make_problem(c);
+    DeviceMirror mirror(p);
+    const fa_bwd_args args = mirror.bwd_args();
+    const char* path = fa_bwd_kernel_path(&args);
+    ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
+    const bool extras = c.dropout > 0.0f || c.softcap > 0.0f || c.alibi != Alibi::kNone;
+    const int64_t head_dim = std::max(c.D, c.Dv);
+    const bool expect_sm90 =
+        hopper && !extras && head_dim > 64 && head_dim <= 128 && total_keys(c) > 0 && total_queries(c) > 0;
+    EXPECT_STREQ(path, expect_sm90 ? "cuda-sm90" : "cuda-sm80") << c.name;
+    (std::string(path) == "cuda-sm90" ? sm90 : sm80) += 1;
+  }
+  std::printf("backward kernel path over the shared case list: %d cuda-sm90, %d cuda-sm80\n", sm90, sm80);
+  if (hopper) {
+    EXPECT_GT(sm90, 0);
+    EXPECT_GT(sm80, 0) << "the case list should exercise the sm80 fallback";
+  }
+}
+
 TEST(GpuKernelPath, CpuTensorsReportCpuAndBadArgumentsNull) {
   Case c;
   c.name = "path_cpu";
@@ -74,6 +104,7 @@ TEST(GpuKernelPath, CpuTensorsReportCpuAndBadArgumentsNull) {
   ASSERT_NE(path, nullptr) << fa_last_error();
   EXPECT_STREQ(path, "cpu");
   EXPECT_EQ(fa_fwd_kernel_path(nullptr), nullptr);
+  EXPECT_EQ(fa_bwd_kernel_path(nullptr), nullptr);
   EXPECT_NE(std::string(fa_last_error()).find("args"), std::string::npos) << fa_last_error();
 }
 

@@ -41,13 +41,16 @@ fa_status run_fwd(const FwdParams& params, cudaStream_t stream) {
   return FA_OK;
 }
 
-template <class Traits>
-fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
-  using T = typename Traits::T;
-  constexpr int kHeadDim = Traits::kHeadDim;
+// The passes every backward kernel family shares: delta = rowsum(dO * O); then,
+// per group of query heads whose fp32 dQ fits the workspace, zero the dQ
+// accumulator (and the deterministic semaphores), launch the main kernel
+// (launch_main(pass, heads_this_pass)) and convert dQ. block_m: the query tile
+// of the main kernel, which numbers the semaphores.
+template <typename T, int kHeadDim, class LaunchMain>
+fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, void* workspace, int block_m,
+                         cudaStream_t stream, LaunchMain&& launch_main) {
   char* base = static_cast<char*>(workspace);
   float* delta = reinterpret_cast<float*>(base + layout.delta_offset);
-
   if (params.total_q > 0) {
     constexpr int kRowsPerBlock = 8;
     const dim3 grid(static_cast<unsigned>((params.total_q + kRowsPerBlock - 1) / kRowsPerBlock),
@@ -55,16 +58,12 @@ fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void
     sm80::bwd_delta_kernel<T><<<grid, kRowsPerBlock * 32, 0, stream>>>(params, delta);
     FA_CUDA_CHECK(cudaGetLastError());
   }
-
-  auto kernel = has_extras(params) ? sm80::bwd_kernel<Traits, true> : sm80::bwd_kernel<Traits, false>;
-  FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "backward kernel"));
-  const int group = static_cast<int>(params.heads / params.heads_kv);
   sm80::BwdPass pass;
   pass.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
   pass.delta = delta;
   pass.semaphores = params.deterministic ? reinterpret_cast<int*>(base + layout.semaphore_offset) : nullptr;
   pass.heads_per_pass = layout.heads_per_pass;
-  pass.m_blocks = static_cast<int>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  pass.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
   for (int head_begin = 0; head_begin < params.heads; head_begin += layout.heads_per_pass) {
     pass.head_begin = head_begin;
     if (layout.dq_accum_bytes > 0)
@@ -72,12 +71,7 @@ fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void
     if (pass.semaphores != nullptr && layout.semaphore_bytes > 0)
       FA_CUDA_CHECK(cudaMemsetAsync(pass.semaphores, 0, layout.semaphore_bytes, stream));
     const int heads_this_pass = static_cast<int>(std::min<int64_t>(layout.heads_per_pass, params.heads - head_begin));
-    const dim3 grid(static_cast<unsigned>((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
-                    static_cast<unsigned>(heads_this_pass / group), static_cast<unsigned>(params.batch));
-    if (grid.x > 0 && grid.z > 0) {
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params, pass);
-      FA_CUDA_CHECK(cudaGetLastError());
-    }
+    FA_TRY(launch_main(pass, heads_this_pass));
     if (params.total_q > 0) {
       constexpr int kThreads = 256, kRowsPerBlock = kThreads / (kHeadDim / 8);
       const dim3 grid_dq(static_cast<unsigned>((params.total_q + kRowsPerBlock - 1) / kRowsPerBlock),
@@ -88,6 +82,24 @@ fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void
     }
   }
   return FA_OK;
+}
+
+template <class Traits>
+fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
+  using T = typename Traits::T;
+  auto kernel = has_extras(params) ? sm80::bwd_kernel<Traits, true> : sm80::bwd_kernel<Traits, false>;
+  FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "backward kernel"));
+  const int group = static_cast<int>(params.heads / params.heads_kv);
+  return run_bwd_passes<T, Traits::kHeadDim>(
+      params, layout, workspace, Traits::kBlockM, stream, [&](const sm80::BwdPass& pass, int heads_this_pass) {
+        const dim3 grid(static_cast<unsigned>((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
+                        static_cast<unsigned>(heads_this_pass / group), static_cast<unsigned>(params.batch));
+        if (grid.x > 0 && grid.z > 0) {
+          kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params, pass);
+          FA_CUDA_CHECK(cudaGetLastError());
+        }
+        return FA_OK;
+      });
 }
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>

@@ -1,0 +1,468 @@
+// FlashAttention backward for sm_90a: TMA loads, wgmma, warp specialization.
+//
+// One CTA per (128-key tile, K/V head, sequence), three warpgroups:
+//   warpgroup 0 (producer): warp 0 loads K and V once (TMA), then per item
+//     (query head of the GQA group x 64-row query tile) Q and dO by TMA and
+//     the item's LSE and delta rows by plain loads, into two stages;
+//   warpgroups 1, 2 (consumers): keys [64 w, 64 w + 64) of the tile each. Per item
+//     S^T = K Q^T and dP^T = V dO^T   wgmma, both operands in shared memory
+//     P^T = exp2(S^T scale - LSE),    registers (the accumulators)
+//     dS^T = P^T (dP^T - delta)
+//     dV += P^T dO, dK += dS^T Q     wgmma, A from registers, dO / Q MN-major
+//     dS^T -> shared memory, then dQ = dS K (wgmma, both operands MN-major)
+//     added to the fp32 dQ workspace with vector reductions.
+// dK and dV stay in registers for the whole CTA (64 + 64 fp32 per thread at
+// hdim 128), which is what bounds the key tile. Items run in the sm80
+// backward's order (heads ascending, query tiles descending), so the
+// deterministic hand-off through ordered semaphores is the same. Softcap,
+// ALiBi and dropout stay on the sm80 backward (the dispatcher routes them).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (types only)
+
+#include <cuda/ptx>
+
+#include "cuda/sm80/bwd_kernel.cuh"  // BwdPass, packed_q_row0, red_add_f32x2, semaphores
+#include "cuda/sm90/fwd_kernel.cuh"  // wait_barrier, tma_load, swizzled_offset, named_barrier_sync
+
+namespace flashattn::sm90 {
+
+template <typename T_, int kHeadDim_, bool kMaskDiagonal_>
+struct BwdTraits {
+  using T = T_;
+  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128: D and Dv padded up to it
+  static constexpr bool kMaskDiagonal = kMaskDiagonal_;
+  static constexpr int kBlockM = 64;   // queries per item: N of S^T, K of dV / dK
+  static constexpr int kBlockN = 128;  // keys per CTA: two consumer warpgroups x 64
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kNO = kHeadDim;  // N of one dV / dK instruction (64 or 128)
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 2;  // Q / dO / LSE / delta buffers
+  // dQ (kBlockM, kHeadDim) of an item: at hdim 128 warpgroup w takes columns
+  // [64 w, 64 w + 64) over all 128 keys (it reads the other warpgroup's dS);
+  // at hdim 64 each takes every column over its own 64 keys, so every dQ
+  // element gets two reductions per CTA but no warpgroup waits for the other.
+  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K, V: kColBlocks x (kBlockN, 64)
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q, dO: kColBlocks x (kBlockM, 64)
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T: (kBlockN, kBlockM), one column block
+  static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
+  static constexpr int kBarrierBytes = 64;
+  // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
+  // dS^T of items it % 2, kStages x LSE, kStages x delta, barriers.
+  static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
+  static constexpr int kOffsetDo = kOffsetQ + kStages * kQBytes, kOffsetDs = kOffsetDo + kStages * kQBytes;
+  static constexpr int kOffsetLse = kOffsetDs + 2 * kDsBytes, kOffsetDelta = kOffsetLse + kStages * kRowStatBytes;
+  static constexpr int kOffsetBarriers = kOffsetDelta + kStages * kRowStatBytes;
+  static constexpr int kSmemBytes = 1024 + kOffsetBarriers + kBarrierBytes;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "dK and dV of 64 keys x hdim must fit the registers");
+};
+
+// Tensor maps first (64-byte aligned): Q and dO with boxes of (64, kBlockM),
+// K and V (64, kBlockN); varlen maps have batch extent 1.
+struct BwdKernelArgs {
+  CUtensorMap tma_q, tma_do, tma_k, tma_v;
+  BwdParams params;
+  sm80::BwdPass pass;
+};
+
+struct BwdBarriers {
+  uint64_t kv_full;
+  uint64_t q_full[2], q_empty[2];
+};
+
+// The items of one CTA (key tile n_block): the query heads of its GQA group
+// ascending, and for each the query tiles that see a key of the tile,
+// descending. Producer and consumers walk the same sequence. The mask's
+// bounds are kept in 32 bits (CUDA sequence lengths are below 2^31) because
+// the producer runs on 24 registers.
+template <int kBlockM, int kBlockN>
+struct BwdItems {
+  int shift, window_left, window_right, len_q, len_k;
+  int n_block, m_blocks, h_end;
+
+  __device__ __forceinline__ static BwdItems make(const MaskPolicy& mask, int n_block, int h_end) {
+    BwdItems items;
+    items.shift = static_cast<int>(mask.shift);
+    items.window_left = static_cast<int>(mask.window_left);
+    items.window_right = static_cast<int>(mask.window_right);
+    items.len_q = static_cast<int>(mask.seqlen_q);
+    items.len_k = static_cast<int>(mask.seqlen_k);
+    items.n_block = n_block;
+    items.m_blocks = (items.len_q + kBlockM - 1) / kBlockM;
+    items.h_end = h_end;
+    return items;
+  }
+  // First key tile that query tile m_block visits; -1 when it does not visit
+  // n_block. The key range is MaskPolicy's key_begin / key_end.
+  __device__ __forceinline__ int first_visiting_block(int m_block) const {
+    const int64_t m0 = int64_t(m_block) * kBlockM, m1 = min(m0 + kBlockM, int64_t(len_q));
+    const int64_t begin = window_left >= 0 ? max(m0 + shift - window_left, int64_t(0)) : 0;
+    const int64_t end = window_right >= 0 ? min(m1 + shift + window_right, int64_t(len_k)) : len_k;
+    if (end <= begin) return -1;
+    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end + kBlockN - 1) / kBlockN);
+    return n_block >= first && n_block < last ? first : -1;
+  }
+  // Start with h = the group's first head and m_block = m_blocks.
+  __device__ __forceinline__ bool next(int& h, int& m_block) const {
+    if (m_blocks == 0) return false;
+    while (true) {
+      if (--m_block < 0) {
+        m_block = m_blocks - 1;
+        if (++h >= h_end) return false;
+      }
+      if (first_visiting_block(m_block) >= 0) return true;
+    }
+  }
+};
+
+__device__ __forceinline__ void expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
+                                         barrier, bytes);
+}
+
+// What a CTA (key tile n_block of K/V head h_kv, sequence b) works on.
+template <class Traits>
+struct BwdTileWork {
+  SequenceBounds seq;
+  MaskPolicy mask;
+  BwdItems<Traits::kBlockM, Traits::kBlockN> items;
+  int h_kv, h_first;
+
+  __device__ __forceinline__ static BwdTileWork make(const BwdParams& params, const sm80::BwdPass& pass, int b,
+                                                     int n_block, int kv_head_in_pass) {
+    BwdTileWork work;
+    work.seq = sequence_bounds(params, b);
+    const int group = static_cast<int>(params.heads / params.heads_kv);
+    work.h_kv = pass.head_begin / group + kv_head_in_pass;
+    work.h_first = work.h_kv * group;
+    work.mask = MaskPolicy::make(work.seq.len_q, work.seq.len_k, params.align_bottom_right, params.window_left,
+                                 params.window_right);
+    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group);
+    return work;
+  }
+};
+
+// Warp 0 of the producer warpgroup. Lane 0 issues the TMA loads; every lane
+// copies LSE (times log2 e; +inf past the sequence end, so those rows get P =
+// 0) and delta rows of the item and arrives on the stage's barrier. It
+// derives its work from the arguments after giving its registers away, so
+// nothing of the kernel's prologue stays live on its 24 registers.
+template <class Traits>
+__device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem, int lane) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const BwdParams& params = args.params;
+  const int b = blockIdx.z;
+  const auto work = BwdTileWork<Traits>::make(params, args.pass, b, blockIdx.x, blockIdx.y);
+  const SequenceBounds& seq = work.seq;
+  int h = work.h_first, m_block = work.items.m_blocks;
+  if (!work.items.next(h, m_block)) return;  // no item: the consumers wait for nothing either
+  BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
+  const int batch = params.is_varlen ? 0 : b;
+  if (lane == 0) {
+    expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
+    const int row = static_cast<int>(seq.k_row0) + blockIdx.x * kBlockN;
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      tma_load(smem + Traits::kOffsetK + cb * kBlockN * 128, &args.tma_k, cb * 64, row, work.h_kv, batch,
+               &bars->kv_full);
+      tma_load(smem + Traits::kOffsetV + cb * kBlockN * 128, &args.tma_v, cb * 64, row, work.h_kv, batch,
+               &bars->kv_full);
+    }
+  }
+  int it = 0;
+  do {
+    const int stage = it & 1;
+    if (it >= 2) wait_barrier(&bars->q_empty[stage], ((it >> 1) & 1) ^ 1);  // released by iteration it - 2
+    const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
+    float* lse_stage = reinterpret_cast<float*>(smem + Traits::kOffsetLse) + stage * kBlockM;
+    float* delta_stage = reinterpret_cast<float*>(smem + Traits::kOffsetDelta) + stage * kBlockM;
+    const float* lse = params.lse + sm80::row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
+    const float* delta = args.pass.delta + int64_t(h) * params.total_q + sm80::packed_q_row0(params, seq, b) + m0;
+    for (int i = lane; i < kBlockM; i += 32) {
+      const bool valid = i < rows;
+      lse_stage[i] = valid ? lse[i * params.lse_layout.row] * sm80::kLog2e : INFINITY;
+      delta_stage[i] = valid ? delta[i] : 0.0f;
+    }
+    if (lane == 0) {
+      expect_bytes(&bars->q_full[stage], 2 * Traits::kQBytes);
+      const int row = static_cast<int>(seq.q_row0) + m0;
+      uint8_t* q_stage = smem + Traits::kOffsetQ + stage * Traits::kQBytes;
+      uint8_t* do_stage = smem + Traits::kOffsetDo + stage * Traits::kQBytes;
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        tma_load(q_stage + cb * kBlockM * 128, &args.tma_q, cb * 64, row, h, batch, &bars->q_full[stage]);
+        tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
+      }
+    } else {
+      ::cuda::ptx::mbarrier_arrive(&bars->q_full[stage]);
+    }
+    ++it;
+  } while (work.items.next(h, m_block));
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+  using T = typename Traits::T;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kNO = Traits::kNO;
+  const BwdParams& params = args.params;
+  const sm80::BwdPass& pass = args.pass;
+
+  extern __shared__ unsigned char smem_raw[];
+  // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sDs = smem + Traits::kOffsetDs;
+  const float* sLse = reinterpret_cast<const float*>(smem + Traits::kOffsetLse);
+  const float* sDelta = reinterpret_cast<const float*>(smem + Traits::kOffsetDelta);
+  BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
+
+  const int n_block = blockIdx.x, b = blockIdx.z, tid = threadIdx.x;
+  if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
+
+  if (tid == 0) {
+    ::cuda::ptx::mbarrier_init(&bars->kv_full, 1);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      ::cuda::ptx::mbarrier_init(&bars->q_full[s], 32);  // every lane of the producer warp
+      ::cuda::ptx::mbarrier_init(&bars->q_empty[s], 8);  // one arrival per consumer warp
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  const int warpgroup = tid / 128;
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid < 32) produce_bwd<Traits>(args, smem, tid);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+
+  const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
+  const SequenceBounds& seq = work.seq;
+  const MaskPolicy& mask = work.mask;
+  const auto& items = work.items;
+  const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
+  int h = work.h_first, m_block = items.m_blocks;
+  const bool has_items = items.next(h, m_block);
+  const int wg = warpgroup - 1;  // consumer 0 or 1: keys [64 wg, 64 wg + 64) of the tile
+  const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int key_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
+  const int dim = static_cast<int>(params.head_dim), dim_v = static_cast<int>(params.head_dim_v);
+  const float log2_scale = params.softmax_scale * sm80::kLog2e;
+  const int64_t q_packed0 = sm80::packed_q_row0(params, seq, b);
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+
+  float acc_dk[kNO / 2], acc_dv[kNO / 2];  // (64 keys, kHeadDim) of this warpgroup
+#pragma unroll
+  for (int i = 0; i < kNO / 2; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
+
+  // dQ columns and key steps of this warpgroup (see kDqSplitKeys).
+  constexpr int kDqKeySteps = Traits::kDqSplitKeys ? 4 : kBlockN / 16;
+  const int dq_col_block = Traits::kDqSplitKeys ? 0 : wg;
+  const int dq_first_step = Traits::kDqSplitKeys ? 4 * wg : 0;
+
+  // Deterministic mode: the semaphore this CTA still has to release (and its
+  // value) once every consumer thread's dQ adds are behind a barrier.
+  int* pending_release = nullptr;
+  int pending_value = 0;
+  auto release_pending = [&]() {
+    if (pending_release != nullptr && wtid == 0 && wg == 0) {
+      __threadfence();
+      sm80::store_release(pending_release, pending_value);
+    }
+    pending_release = nullptr;
+  };
+
+  if (has_items) wait_barrier(&bars->kv_full, 0);
+  for (int it = 0; has_items; ++it) {
+    const int stage = it & 1;
+    const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
+    wait_barrier(&bars->q_full[stage], (it >> 1) & 1);
+
+    // S^T = K Q^T and dP^T = V dO^T: (64 keys, kBlockM queries) each.
+    float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
+    // The K and V descriptors are the same for every item: hoisted out of the
+    // loop they would hold 48 registers. An opaque base keeps them computed
+    // where they are used.
+    uint32_t smem_addr = smem_base;
+    asm volatile("" : "+r"(smem_addr));
+    const uint32_t sK_addr = smem_addr + Traits::kOffsetK, sV_addr = smem_addr + Traits::kOffsetV;
+    const uint32_t q_stage = smem_addr + Traits::kOffsetQ + stage * Traits::kQBytes;
+    const uint32_t do_stage = smem_addr + Traits::kOffsetDo + stage * Traits::kQBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
+      WgmmaSS<T, kBlockM>::run(acc_s, desc_k_major(sK_addr + block * kBlockN + wg * 64 * 128 + step_bytes),
+                               desc_k_major(q_stage + block * kBlockM + step_bytes), k > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
+      WgmmaSS<T, kBlockM>::run(acc_dp, desc_k_major(sV_addr + block * kBlockN + wg * 64 * 128 + step_bytes),
+                               desc_k_major(do_stage + block * kBlockM + step_bytes), k > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+
+    // Accumulator element acc[4 j + 2 r + c]: key key_in_tile + 8 r, query 8 j + 2 t + c.
+    const float* lse = sLse + stage * kBlockM;
+    const float* delta = sDelta + stage * kBlockM;
+    const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
+    wgmma_wait<1>();
+    fence_registers(acc_s);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int query = 8 * j + 2 * t + c;
+        const float lse_query = lse[query];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float& s = acc_s[4 * j + 2 * r + c];
+          float p = exp2_approx(s * log2_scale - lse_query);
+          if (masked) {
+            const int64_t i = m0 + query, key = n0 + key_in_tile + 8 * r;
+            const bool visible = Traits::kMaskDiagonal ? mask.visible(i, key) : key < seq.len_k;
+            if (!visible) p = 0.0f;
+          }
+          s = p;
+        }
+      }
+    wgmma_wait<0>();
+    fence_registers(acc_dp);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float delta_query = delta[8 * j + 2 * t + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 4 * j + 2 * r + c;
+          acc_dp[e] = acc_s[e] * (acc_dp[e] - delta_query);
+        }
+      }
+
+    // P^T and dS^T as A fragments: k-step kk covers queries [16 kk, 16 kk + 16).
+    uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        a_p[kk][q] = Pack2<T>::pack(acc_s[8 * kk + 2 * q], acc_s[8 * kk + 2 * q + 1]);
+        a_ds[kk][q] = Pack2<T>::pack(acc_dp[8 * kk + 2 * q], acc_dp[8 * kk + 2 * q + 1]);
+      }
+    // dV += P^T dO, dK += dS^T Q: B rows are queries (K), columns the head dim (N).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      WgmmaRS<T, kNO>::run(acc_dv, a_p[kk], desc_mn_major(do_stage + kk * 16 * 128, kBlockM * 128), 1);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      WgmmaRS<T, kNO>::run(acc_dk, a_ds[kk], desc_mn_major(q_stage + kk * 16 * 128, kBlockM * 128), 1);
+    wgmma_commit();
+
+    // dS^T into shared memory for dQ = dS K, in the layout wgmma reads MN-major.
+    uint8_t* ds_tile = sDs + (it & 1) * Traits::kDsBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int key = key_in_tile + 8 * (q & 1), query = 16 * kk + 8 * (q >> 1) + 2 * t;
+        *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset(kBlockN, key, query)) = a_ds[kk][q];
+      }
+    ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
+    if (Traits::kDqSplitKeys) {
+      named_barrier_sync(2 + wg, 128);
+    } else {
+      named_barrier_sync(1, 256);
+      release_pending();  // the previous item's dQ adds of both warpgroups are behind this barrier
+    }
+
+    // dQ (kBlockM, 64 columns) = dS K over this warpgroup's key steps.
+    float acc_dq[kBlockM / 2];
+    wgmma_fence();
+    const uint32_t ds_addr = smem_addr + Traits::kOffsetDs + (it & 1) * Traits::kDsBytes;
+#pragma unroll
+    for (int step = 0; step < kDqKeySteps; ++step) {
+      const int kk = dq_first_step + step;
+      WgmmaSS<T, 64>::template run<1, 1>(acc_dq, desc_mn_major(ds_addr + kk * 16 * 128, kBlockN * 128),
+                                         desc_mn_major(sK_addr + dq_col_block * kBlockN * 128 + kk * 16 * 128,
+                                                       kBlockN * 128),
+                                         step > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dv);
+    fence_registers(acc_dk);
+    fence_registers(acc_dq);
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
+
+    // Accumulator element acc_dq[4 j + 2 r + c]: query warp 16 + g + 8 r, column 64 dq_col_block + 8 j + 2 t + c.
+    float* dq_rows = pass.dq_accum + ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
+    const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
+    auto add_dq = [&]() {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int query = warp * 16 + g + 8 * r, col = dq_col_block * 64 + 8 * j + 2 * t;
+          if (query < rows && col < dim)
+            sm80::red_add_f32x2(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r],
+                                acc_dq[4 * j + 2 * r + 1]);
+        }
+    };
+    if (pass.semaphores == nullptr) {
+      add_dq();
+    } else {
+      // Deterministic: the key tiles of one query tile add in key-tile order
+      // (as in the sm80 backward); inside the CTA, warpgroup 0 before 1 where
+      // both add to the same elements.
+      int* semaphore =
+          pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
+      const int rank = n_block - items.first_visiting_block(m_block);
+      if (wtid == 0 && wg == 0)
+        while (sm80::load_acquire(semaphore) != rank) {
+        }
+      named_barrier_sync(4, 256);
+      pending_release = semaphore;
+      pending_value = rank + 1;
+      if (Traits::kDqSplitKeys) {
+        if (wg == 0) add_dq();
+        named_barrier_sync(4, 256);
+        if (wg == 1) add_dq();
+        named_barrier_sync(4, 256);
+        release_pending();
+      } else {
+        add_dq();  // released at the next item's dS barrier, off this item's critical path
+      }
+    }
+    if (!items.next(h, m_block)) break;
+  }
+  if (pending_release != nullptr) {
+    named_barrier_sync(4, 256);
+    release_pending();
+  }
+
+  // dK (times the softmax scale) and dV of this warpgroup's keys, from the accumulators.
+  T* dk_tile = static_cast<T*>(params.dk) + sm80::row_offset(params.dk_layout, b, seq.k_row0 + n0, h_kv);
+  T* dv_tile = static_cast<T*>(params.dv) + sm80::row_offset(params.dv_layout, b, seq.k_row0 + n0, h_kv);
+  const float scale = params.softmax_scale;
+#pragma unroll
+  for (int j = 0; j < kNO / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key_in_tile + 8 * r, col = 8 * j + 2 * t;
+      if (key >= keys) continue;
+      if (col < dim)
+        *reinterpret_cast<uint32_t*>(dk_tile + key * params.dk_layout.row + col) =
+            Pack2<T>::pack(acc_dk[4 * j + 2 * r] * scale, acc_dk[4 * j + 2 * r + 1] * scale);
+      if (col < dim_v)
+        *reinterpret_cast<uint32_t*>(dv_tile + key * params.dv_layout.row + col) =
+            Pack2<T>::pack(acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
+    }
+}
+
+}  // namespace flashattn::sm90
