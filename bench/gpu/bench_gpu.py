@@ -129,6 +129,15 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                             det = Ours(fa, q, k, v, dout, causal, deterministic=True)
                             row["ours_det"] = flops(B, H, N, D, causal, mode) / time_ms(det.fwdbwd) / 1e9
                             del det
+                            row["bwd_path"] = kernel_path(fa, ours.bwd_args, "fa_bwd_kernel_path")
+                            # The same call on the other backward family where both serve the shape.
+                            other = "sm80" if row["bwd_path"] == "cuda-sm90" else "sm90" if D <= 64 else None
+                            if other:
+                                os.environ["FLASHATTN_CUDA_BWD"] = other
+                                try:
+                                    row["ours_bwd_" + other] = flops(B, H, N, D, causal, mode) / time_ms(ours.fwdbwd) / 1e9
+                                finally:
+                                    del os.environ["FLASHATTN_CUDA_BWD"]
                         results.append(row)
                         log.write(json.dumps(row) + "\n")
                         log.flush()
@@ -137,8 +146,8 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                 torch.cuda.empty_cache()
 
 
-def kernel_path(fa, args):
-    fn = fa.lib.fa_fwd_kernel_path
+def kernel_path(fa, args, function="fa_fwd_kernel_path"):
+    fn = getattr(fa.lib, function)
     fn.restype = ctypes.c_char_p
     fn.argtypes = [ctypes.c_void_p]
     path = fn(ctypes.addressof(args))
@@ -349,15 +358,20 @@ def main():
             print(f"{args.label} {r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | "
                   f"{fmt(r['ours'])} | {r['max_diff_vs_fa2']:.1e} {r['max_grad_diff_vs_fa2']:.1e}")
         return
-    print("TFLOP/s: ours / torch FA2 / cuDNN (ratio ours/FA2); det = deterministic fwd+bwd")
-    print("dtype D N causal mode | ours fa2 cudnn | ours/fa2 | det det/ours | maxdiff O, dQ/dK vs FA2")
+    print("TFLOP/s: ours / torch FA2 / cuDNN (ratio ours/FA2); det = deterministic fwd+bwd; "
+          "bwd: backward path, and fwd+bwd with our sm80 backward forced")
+    print("dtype D N causal mode | ours fa2 cudnn | ours/fa2 | det det/ours | bwd | maxdiff O, dQ/dK vs FA2")
     for r in results:
         ratio = r["ours"] / r["fa2"] if r.get("ours") and r.get("fa2") else float("nan")  # noqa: E501
         det = ""
         if "ours_det" in r and r["ours"]:
             det = f"{r['ours_det']:.0f} {r['ours_det'] / r['ours']:.2f}"
+        bwd = r.get("bwd_path", "")[5:]
+        for other in ("sm80", "sm90"):
+            if "ours_bwd_" + other in r:
+                bwd += f" ({other} {r['ours_bwd_' + other]:.0f})"
         print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {fmt(r['ours'])} "
-              f"{fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio:.2f} | {det} | {r['max_diff_vs_fa2']:.1e} "
+              f"{fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio:.2f} | {det} | {bwd} | {r['max_diff_vs_fa2']:.1e} "
               f"{r['max_grad_diff_vs_fa2']:.1e}")
 
 
