@@ -398,6 +398,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     fence_registers(acc_dv);
     fence_registers(acc_dk);
     fence_registers(acc_dq);
+    // Every lane's reads of the stage's LSE and delta come before lane 0's
+    // release of it (the producer overwrites them two items later).
+    __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query warp 16 + g + 8 r, column 64 dq_col_block + 8 j + 2 t + c.
