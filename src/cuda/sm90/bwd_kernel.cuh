@@ -1,10 +1,11 @@
 // FlashAttention backward for sm_90a: TMA loads, wgmma, warp specialization.
 //
 // One CTA per (128-key tile, K/V head, sequence), three warpgroups:
-//   warpgroup 0 (producer): warp 0 loads K and V once (TMA), then per item
-//     (query head of the GQA group x 64-row query tile) Q and dO by TMA and
-//     the item's LSE and delta rows by plain loads, into two stages;
+//   warpgroup 0 (producer): one thread loads K and V once (TMA), then per
+//     item (query head of the GQA group x 64-row query tile) Q and dO by TMA,
+//     into two stages;
 //   warpgroups 1, 2 (consumers): keys [64 w, 64 w + 64) of the tile each. Per item
+//     LSE and delta rows of the item       global -> this warpgroup's shared copy
 //     S^T = K Q^T and dP^T = V dO^T   wgmma, both operands in shared memory
 //     P^T = exp2(S^T scale - LSE),    registers (the accumulators)
 //     dS^T = P^T (dP^T - delta)
@@ -37,7 +38,7 @@ struct BwdTraits {
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kNO = kHeadDim;  // N of one dV / dK instruction (64 or 128)
   static constexpr int kThreads = 384;
-  static constexpr int kStages = 2;  // Q / dO / LSE / delta buffers
+  static constexpr int kStages = 2;  // Q / dO buffers
   // dQ (kBlockM, kHeadDim) of an item: at hdim 128 warpgroup w takes columns
   // [64 w, 64 w + 64) over all 128 keys (it reads the other warpgroup's dS);
   // at hdim 64 each takes every column over its own 64 keys, so every dQ
@@ -49,13 +50,14 @@ struct BwdTraits {
   static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
   static constexpr int kBarrierBytes = 64;
   // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
-  // dS^T of items it % 2, kStages x LSE, kStages x delta, barriers.
+  // dS^T of items it % 2, LSE and delta of each consumer warpgroup, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
   static constexpr int kOffsetDo = kOffsetQ + kStages * kQBytes, kOffsetDs = kOffsetDo + kStages * kQBytes;
-  static constexpr int kOffsetLse = kOffsetDs + 2 * kDsBytes, kOffsetDelta = kOffsetLse + kStages * kRowStatBytes;
-  static constexpr int kOffsetBarriers = kOffsetDelta + kStages * kRowStatBytes;
+  static constexpr int kOffsetRowStats = kOffsetDs + 2 * kDsBytes;  // 2 warpgroups x (LSE, delta)
+  static constexpr int kOffsetBarriers = kOffsetRowStats + 2 * 2 * kRowStatBytes;
   static constexpr int kSmemBytes = 1024 + kOffsetBarriers + kBarrierBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "dK and dV of 64 keys x hdim must fit the registers");
+  static_assert(2 * kBlockM == 128, "a warpgroup loads an item's LSE and delta rows, one per thread");
 };
 
 // Tensor maps first (64-byte aligned): Q and dO with boxes of (64, kBlockM),
@@ -143,13 +145,11 @@ struct BwdTileWork {
   }
 };
 
-// Warp 0 of the producer warpgroup. Lane 0 issues the TMA loads; every lane
-// copies LSE (times log2 e; +inf past the sequence end, so those rows get P =
-// 0) and delta rows of the item and arrives on the stage's barrier. It
-// derives its work from the arguments after giving its registers away, so
-// nothing of the kernel's prologue stays live on its 24 registers.
+// Thread 0 of the producer warpgroup: the TMA loads. It derives its work
+// from the arguments after giving its registers away, so nothing of the
+// kernel's prologue stays live on its 24 registers.
 template <class Traits>
-__device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem, int lane) {
+__device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BwdParams& params = args.params;
   const int b = blockIdx.z;
@@ -159,43 +159,27 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   if (!work.items.next(h, m_block)) return;  // no item: the consumers wait for nothing either
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
   const int batch = params.is_varlen ? 0 : b;
-  if (lane == 0) {
-    expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
-    const int row = static_cast<int>(seq.k_row0) + blockIdx.x * kBlockN;
+  expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
+  const int k_row = static_cast<int>(seq.k_row0) + blockIdx.x * kBlockN;
 #pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-      tma_load(smem + Traits::kOffsetK + cb * kBlockN * 128, &args.tma_k, cb * 64, row, work.h_kv, batch,
-               &bars->kv_full);
-      tma_load(smem + Traits::kOffsetV + cb * kBlockN * 128, &args.tma_v, cb * 64, row, work.h_kv, batch,
-               &bars->kv_full);
-    }
+  for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+    tma_load(smem + Traits::kOffsetK + cb * kBlockN * 128, &args.tma_k, cb * 64, k_row, work.h_kv, batch,
+             &bars->kv_full);
+    tma_load(smem + Traits::kOffsetV + cb * kBlockN * 128, &args.tma_v, cb * 64, k_row, work.h_kv, batch,
+             &bars->kv_full);
   }
   int it = 0;
   do {
     const int stage = it & 1;
     if (it >= 2) wait_barrier(&bars->q_empty[stage], ((it >> 1) & 1) ^ 1);  // released by iteration it - 2
-    const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
-    float* lse_stage = reinterpret_cast<float*>(smem + Traits::kOffsetLse) + stage * kBlockM;
-    float* delta_stage = reinterpret_cast<float*>(smem + Traits::kOffsetDelta) + stage * kBlockM;
-    const float* lse = params.lse + sm80::row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
-    const float* delta = args.pass.delta + int64_t(h) * params.total_q + sm80::packed_q_row0(params, seq, b) + m0;
-    for (int i = lane; i < kBlockM; i += 32) {
-      const bool valid = i < rows;
-      lse_stage[i] = valid ? lse[i * params.lse_layout.row] * sm80::kLog2e : INFINITY;
-      delta_stage[i] = valid ? delta[i] : 0.0f;
-    }
-    if (lane == 0) {
-      expect_bytes(&bars->q_full[stage], 2 * Traits::kQBytes);
-      const int row = static_cast<int>(seq.q_row0) + m0;
-      uint8_t* q_stage = smem + Traits::kOffsetQ + stage * Traits::kQBytes;
-      uint8_t* do_stage = smem + Traits::kOffsetDo + stage * Traits::kQBytes;
+    expect_bytes(&bars->q_full[stage], 2 * Traits::kQBytes);
+    const int row = static_cast<int>(seq.q_row0) + m_block * kBlockM;
+    uint8_t* q_stage = smem + Traits::kOffsetQ + stage * Traits::kQBytes;
+    uint8_t* do_stage = smem + Traits::kOffsetDo + stage * Traits::kQBytes;
 #pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        tma_load(q_stage + cb * kBlockM * 128, &args.tma_q, cb * 64, row, h, batch, &bars->q_full[stage]);
-        tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
-      }
-    } else {
-      ::cuda::ptx::mbarrier_arrive(&bars->q_full[stage]);
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      tma_load(q_stage + cb * kBlockM * 128, &args.tma_q, cb * 64, row, h, batch, &bars->q_full[stage]);
+      tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
     }
     ++it;
   } while (work.items.next(h, m_block));
@@ -213,8 +197,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sDs = smem + Traits::kOffsetDs;
-  const float* sLse = reinterpret_cast<const float*>(smem + Traits::kOffsetLse);
-  const float* sDelta = reinterpret_cast<const float*>(smem + Traits::kOffsetDelta);
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
   const int n_block = blockIdx.x, b = blockIdx.z, tid = threadIdx.x;
@@ -223,7 +205,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   if (tid == 0) {
     ::cuda::ptx::mbarrier_init(&bars->kv_full, 1);
     for (int s = 0; s < Traits::kStages; ++s) {
-      ::cuda::ptx::mbarrier_init(&bars->q_full[s], 32);  // every lane of the producer warp
+      ::cuda::ptx::mbarrier_init(&bars->q_full[s], 1);
       ::cuda::ptx::mbarrier_init(&bars->q_empty[s], 8);  // one arrival per consumer warp
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
@@ -233,7 +215,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid < 32) produce_bwd<Traits>(args, smem, tid);
+    if (tid == 0) produce_bwd<Traits>(args, smem);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -279,6 +261,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   for (int it = 0; has_items; ++it) {
     const int stage = it & 1;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
+    // This warpgroup's copy of the item's LSE (log2 units; +inf past the
+    // sequence end, so those rows get P = 0) and delta: one value per thread,
+    // loaded here and stored once the GEMMs are issued, so the load's latency
+    // hides behind them. The previous item's reads of the copy are behind
+    // that item's dS barrier.
+    float row_stat;
+    {
+      const int row = wtid % kBlockM;
+      const bool valid = row < rows;
+      if (wtid < kBlockM)
+        row_stat = valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + m0 + row, h)] * sm80::kLog2e
+                         : INFINITY;
+      else
+        row_stat = valid ? pass.delta[int64_t(h) * params.total_q + q_packed0 + m0 + row] : 0.0f;
+    }
     wait_barrier(&bars->q_full[stage], (it >> 1) & 1);
 
     // S^T = K Q^T and dP^T = V dO^T: (64 keys, kBlockM queries) each.
@@ -308,8 +305,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     wgmma_commit();
 
     // Accumulator element acc[4 j + 2 r + c]: key key_in_tile + 8 r, query 8 j + 2 t + c.
-    const float* lse = sLse + stage * kBlockM;
-    const float* delta = sDelta + stage * kBlockM;
+    float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + wg * 2 * kBlockM;
+    float* delta = lse + kBlockM;
+    lse[wtid] = row_stat;  // lse[kBlockM + i] is delta[i]
+    named_barrier_sync(5 + wg, 128);
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -398,9 +397,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     fence_registers(acc_dv);
     fence_registers(acc_dk);
     fence_registers(acc_dq);
-    // Every lane's reads of the stage's LSE and delta come before lane 0's
-    // release of it (the producer overwrites them two items later).
-    __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query warp 16 + g + 8 r, column 64 dq_col_block + 8 j + 2 t + c.
