@@ -50,11 +50,11 @@ struct BwdTraits {
   static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
   static constexpr int kBarrierBytes = 64;
   // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
-  // dS^T of items it % 2, LSE and delta of each consumer warpgroup, barriers.
+  // dS^T of items it % 2, LSE and delta of items it % 2 for each consumer warpgroup, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
   static constexpr int kOffsetDo = kOffsetQ + kStages * kQBytes, kOffsetDs = kOffsetDo + kStages * kQBytes;
-  static constexpr int kOffsetRowStats = kOffsetDs + 2 * kDsBytes;  // 2 warpgroups x (LSE, delta)
-  static constexpr int kOffsetBarriers = kOffsetRowStats + 2 * 2 * kRowStatBytes;
+  static constexpr int kOffsetRowStats = kOffsetDs + 2 * kDsBytes;  // 2 items x 2 warpgroups x (LSE, delta)
+  static constexpr int kOffsetBarriers = kOffsetRowStats + 2 * 2 * 2 * kRowStatBytes;
   static constexpr int kSmemBytes = 1024 + kOffsetBarriers + kBarrierBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "dK and dV of 64 keys x hdim must fit the registers");
   static_assert(2 * kBlockM == 128, "a warpgroup loads an item's LSE and delta rows, one per thread");
@@ -257,25 +257,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     pending_release = nullptr;
   };
 
+  // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
+  // and delta rows of an item: one value per thread of the warpgroup. Each
+  // item loads the next item's values while its dQ GEMM runs, so the global
+  // latency hides; they go to this warpgroup's shared copy it % 2 after the
+  // next item issues its GEMMs. That copy was last read two items before,
+  // ahead of that item's dS barrier.
+  auto load_row_stat = [&](int item_h, int item_m_block) {
+    const int item_m0 = item_m_block * kBlockM, row = wtid % kBlockM;
+    const bool valid = row < seq.len_q - item_m0;
+    if (wtid < kBlockM)
+      return valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)] *
+                         sm80::kLog2e
+                   : INFINITY;
+    return valid ? pass.delta[int64_t(item_h) * params.total_q + q_packed0 + item_m0 + row] : 0.0f;
+  };
+  float row_stat = has_items ? load_row_stat(h, m_block) : 0.0f;
+
   if (has_items) wait_barrier(&bars->kv_full, 0);
   for (int it = 0; has_items; ++it) {
     const int stage = it & 1;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
-    // This warpgroup's copy of the item's LSE (log2 units; +inf past the
-    // sequence end, so those rows get P = 0) and delta: one value per thread,
-    // loaded here and stored once the GEMMs are issued, so the load's latency
-    // hides behind them. The previous item's reads of the copy are behind
-    // that item's dS barrier.
-    float row_stat;
-    {
-      const int row = wtid % kBlockM;
-      const bool valid = row < rows;
-      if (wtid < kBlockM)
-        row_stat = valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + m0 + row, h)] * sm80::kLog2e
-                         : INFINITY;
-      else
-        row_stat = valid ? pass.delta[int64_t(h) * params.total_q + q_packed0 + m0 + row] : 0.0f;
-    }
     wait_barrier(&bars->q_full[stage], (it >> 1) & 1);
 
     // S^T = K Q^T and dP^T = V dO^T: (64 keys, kBlockM queries) each.
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     wgmma_commit();
 
     // Accumulator element acc[4 j + 2 r + c]: key key_in_tile + 8 r, query 8 j + 2 t + c.
-    float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + wg * 2 * kBlockM;
+    float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + ((it & 1) * 2 + wg) * 2 * kBlockM;
     float* delta = lse + kBlockM;
     lse[wtid] = row_stat;  // lse[kBlockM + i] is delta[i]
     named_barrier_sync(5 + wg, 128);
@@ -393,6 +395,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                          step > 0 ? 1 : 0);
     }
     wgmma_commit();
+    int next_h = h, next_m_block = m_block;
+    const bool has_next = items.next(next_h, next_m_block);
+    if (has_next) row_stat = load_row_stat(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
     fence_registers(acc_dk);
@@ -438,7 +443,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
         add_dq();  // released at the next item's dS barrier, off this item's critical path
       }
     }
-    if (!items.next(h, m_block)) break;
+    if (!has_next) break;
+    h = next_h;
+    m_block = next_m_block;
   }
   if (pending_release != nullptr) {
     named_barrier_sync(4, 256);
