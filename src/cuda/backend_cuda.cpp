@@ -176,7 +176,7 @@ int sm90_bwd_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 
 // The Hopper backward serves compute capability 9.0 for head dims in (64, 128]
 // without softcap, ALiBi or dropout, when TMA can describe Q, dO, K and V. At
-// head dims up to 64 it measured 0.89-0.93x the sm80 backward (BENCHMARKS.md,
+// head dims up to 64 it measured 0.80-0.98x the sm80 backward (BENCHMARKS.md,
 // session 4: 64-query items are too short to hide its per-item barriers), so
 // those stay on sm80 unless FLASHATTN_CUDA_BWD=sm90 asks for it;
 // FLASHATTN_CUDA_BWD=sm80 forces the FA2 backward everywhere (A/B in one process).
