@@ -174,17 +174,12 @@ int sm90_bwd_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   return 0;
 }
 
-// The Hopper backward serves compute capability 9.0 for head dims in (64, 128]
-// without softcap, ALiBi or dropout, when TMA can describe Q, dO, K and V. At
-// head dims up to 64 it measured 0.80-0.98x the sm80 backward (BENCHMARKS.md,
-// session 4: 64-query items are too short to hide its per-item barriers), so
-// those stay on sm80 unless FLASHATTN_CUDA_BWD=sm90 asks for it;
+// The Hopper backward serves compute capability 9.0 for head dims up to 128
+// without softcap, ALiBi or dropout, when TMA can describe Q, dO, K and V.
 // FLASHATTN_CUDA_BWD=sm80 forces the FA2 backward everywhere (A/B in one process).
 bool use_sm90_backward(const BwdParams& params) {
   const char* forced = std::getenv("FLASHATTN_CUDA_BWD");
   if (forced != nullptr && std::strcmp(forced, "sm80") == 0) return false;
-  const bool force_sm90 = forced != nullptr && std::strcmp(forced, "sm90") == 0;
-  if (!force_sm90 && std::max(params.head_dim, params.head_dim_v) <= 64) return false;
   if (params.dropout.enabled || params.softcap > 0.0f || params.alibi_slopes != nullptr) return false;
   if (params.total_q == 0 || params.total_k == 0) return false;
   if (sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v) == 0) return false;

@@ -2,18 +2,21 @@
 //
 // One CTA per (128-key tile, K/V head, sequence), three warpgroups:
 //   warpgroup 0 (producer): one thread loads K and V once (TMA), then per
-//     item (query head of the GQA group x 64-row query tile) Q and dO by TMA,
-//     into two stages;
+//     item (query head of the GQA group x query tile of kBlockM rows) Q and dO
+//     by TMA, into two stages;
 //   warpgroups 1, 2 (consumers): keys [64 w, 64 w + 64) of the tile each. Per item
 //     LSE and delta rows of the item       global -> this warpgroup's shared copy
 //     S^T = K Q^T and dP^T = V dO^T   wgmma, both operands in shared memory
 //     P^T = exp2(S^T scale - LSE),    registers (the accumulators)
 //     dS^T = P^T (dP^T - delta)
 //     dV += P^T dO, dK += dS^T Q     wgmma, A from registers, dO / Q MN-major
-//     dS^T -> shared memory, then dQ = dS K (wgmma, both operands MN-major)
-//     added to the fp32 dQ workspace with vector reductions.
+//     dS^T -> shared memory, then one (64, 64) block of dQ = dS K per
+//     warpgroup (wgmma, both operands MN-major) added to the fp32 dQ workspace
+//     with vector reductions.
 // dK and dV stay in registers for the whole CTA (64 + 64 fp32 per thread at
-// hdim 128), which is what bounds the key tile. Items run in the sm80
+// hdim 128), which is what bounds the key tile. At hdim 64 they take half of
+// that, and the item doubles to 128 queries instead: the same registers for
+// S^T and dP^T, twice the work per barrier and per item's fixed costs. Items run in the sm80
 // backward's order (heads ascending, query tiles descending), so the
 // deterministic hand-off through ordered semaphores is the same. Softcap,
 // ALiBi and dropout stay on the sm80 backward (the dispatcher routes them).
@@ -33,17 +36,16 @@ struct BwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;  // 64 or 128: D and Dv padded up to it
   static constexpr bool kMaskDiagonal = kMaskDiagonal_;
-  static constexpr int kBlockM = 64;   // queries per item: N of S^T, K of dV / dK
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per item: N of S^T, K of dV / dK
   static constexpr int kBlockN = 128;  // keys per CTA: two consumer warpgroups x 64
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kNO = kHeadDim;  // N of one dV / dK instruction (64 or 128)
   static constexpr int kThreads = 384;
   static constexpr int kStages = 2;  // Q / dO buffers
-  // dQ (kBlockM, kHeadDim) of an item: at hdim 128 warpgroup w takes columns
-  // [64 w, 64 w + 64) over all 128 keys (it reads the other warpgroup's dS);
-  // at hdim 64 each takes every column over its own 64 keys, so every dQ
-  // element gets two reductions per CTA but no warpgroup waits for the other.
-  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  // dQ (kBlockM, kHeadDim) of an item is two (64, 64) blocks over all 128
+  // keys, one per warpgroup, which reads the other warpgroup's dS: at hdim 128
+  // warpgroup w takes columns [64 w, 64 w + 64), at hdim 64 queries.
+  static constexpr bool kDqSplitQueries = kBlockM == 128;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K, V: kColBlocks x (kBlockN, 64)
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q, dO: kColBlocks x (kBlockM, 64)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T: (kBlockN, kBlockM), one column block
@@ -57,7 +59,8 @@ struct BwdTraits {
   static constexpr int kOffsetBarriers = kOffsetRowStats + 2 * 2 * 2 * kRowStatBytes;
   static constexpr int kSmemBytes = 1024 + kOffsetBarriers + kBarrierBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "dK and dV of 64 keys x hdim must fit the registers");
-  static_assert(2 * kBlockM == 128, "a warpgroup loads an item's LSE and delta rows, one per thread");
+  static constexpr int kRowStatsPerThread = 2 * kBlockM / 128;  // an item's LSE and delta over a warpgroup
+  static_assert(kHeadDim / 64 * kBlockM == 128, "dQ is two (64, 64) blocks");
 };
 
 // Tensor maps first (64-byte aligned): Q and dO with boxes of (64, kBlockM),
@@ -240,10 +243,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 #pragma unroll
   for (int i = 0; i < kNO / 2; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
-  // dQ columns and key steps of this warpgroup (see kDqSplitKeys).
-  constexpr int kDqKeySteps = Traits::kDqSplitKeys ? 4 : kBlockN / 16;
-  const int dq_col_block = Traits::kDqSplitKeys ? 0 : wg;
-  const int dq_first_step = Traits::kDqSplitKeys ? 4 * wg : 0;
+  // The (64, 64) block of every item's dQ that this warpgroup computes.
+  const int dq_col_block = Traits::kDqSplitQueries ? 0 : wg;
+  const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
 
   // Deterministic mode: the semaphore this CTA still has to release (and its
   // value) once every consumer thread's dQ adds are behind a barrier.
@@ -258,21 +260,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   };
 
   // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
-  // and delta rows of an item: one value per thread of the warpgroup. Each
-  // item loads the next item's values while its dQ GEMM runs, so the global
-  // latency hides; they go to this warpgroup's shared copy it % 2 after the
-  // next item issues its GEMMs. That copy was last read two items before,
-  // ahead of that item's dS barrier.
-  auto load_row_stat = [&](int item_h, int item_m_block) {
-    const int item_m0 = item_m_block * kBlockM, row = wtid % kBlockM;
-    const bool valid = row < seq.len_q - item_m0;
-    if (wtid < kBlockM)
-      return valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)] *
-                         sm80::kLog2e
-                   : INFINITY;
-    return valid ? pass.delta[int64_t(item_h) * params.total_q + q_packed0 + item_m0 + row] : 0.0f;
+  // and delta rows of an item, (2, kBlockM) values: index wtid + 128 s is
+  // row_stat[s]. Each item loads the next item's values while its dQ GEMM
+  // runs, so the global latency hides; they go to this warpgroup's shared
+  // copy it % 2 after the next item issues its GEMMs. That copy was last read
+  // two items before, ahead of that item's dS barrier.
+  float row_stat[Traits::kRowStatsPerThread];
+  auto load_row_stats = [&](int item_h, int item_m_block) {
+    const int item_m0 = item_m_block * kBlockM;
+#pragma unroll
+    for (int s = 0; s < Traits::kRowStatsPerThread; ++s) {
+      const int index = wtid + 128 * s, row = index % kBlockM;
+      const bool valid = row < seq.len_q - item_m0;
+      if (index < kBlockM)
+        row_stat[s] = valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)] *
+                                  sm80::kLog2e
+                            : INFINITY;
+      else
+        row_stat[s] = valid ? pass.delta[int64_t(item_h) * params.total_q + q_packed0 + item_m0 + row] : 0.0f;
+    }
   };
-  float row_stat = has_items ? load_row_stat(h, m_block) : 0.0f;
+  if (has_items) load_row_stats(h, m_block);
 
   if (has_items) wait_barrier(&bars->kv_full, 0);
   for (int it = 0; has_items; ++it) {
@@ -309,7 +317,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     // Accumulator element acc[4 j + 2 r + c]: key key_in_tile + 8 r, query 8 j + 2 t + c.
     float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + ((it & 1) * 2 + wg) * 2 * kBlockM;
     float* delta = lse + kBlockM;
-    lse[wtid] = row_stat;  // lse[kBlockM + i] is delta[i]
+#pragma unroll
+    for (int s = 0; s < Traits::kRowStatsPerThread; ++s) lse[wtid + 128 * s] = row_stat[s];  // delta follows LSE
     named_barrier_sync(5 + wg, 128);
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
@@ -375,36 +384,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
         *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset(kBlockN, key, query)) = a_ds[kk][q];
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
-    if (Traits::kDqSplitKeys) {
-      named_barrier_sync(2 + wg, 128);
-    } else {
-      named_barrier_sync(1, 256);
-      release_pending();  // the previous item's dQ adds of both warpgroups are behind this barrier
-    }
+    named_barrier_sync(1, 256);
+    release_pending();  // the previous item's dQ adds of both warpgroups are behind this barrier
 
-    // dQ (kBlockM, 64 columns) = dS K over this warpgroup's key steps.
-    float acc_dq[kBlockM / 2];
+    // This warpgroup's (64 queries, 64 columns) block of dQ = dS K over all 128 keys.
+    // At hdim 64 the dV / dK products finish first: their register operands
+    // (P^T, dS^T: 64 per thread) would not fit next to dQ's accumulators.
+    if constexpr (Traits::kDqSplitQueries) {
+      wgmma_wait<0>();
+      fence_registers(acc_dv);
+      fence_registers(acc_dk);
+    }
+    float acc_dq[32];
     wgmma_fence();
-    const uint32_t ds_addr = smem_addr + Traits::kOffsetDs + (it & 1) * Traits::kDsBytes;
+    const uint32_t ds_addr =
+        smem_addr + Traits::kOffsetDs + (it & 1) * Traits::kDsBytes + dq_query_block * kBlockN * 128;
 #pragma unroll
-    for (int step = 0; step < kDqKeySteps; ++step) {
-      const int kk = dq_first_step + step;
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
       WgmmaSS<T, 64>::template run<1, 1>(acc_dq, desc_mn_major(ds_addr + kk * 16 * 128, kBlockN * 128),
                                          desc_mn_major(sK_addr + dq_col_block * kBlockN * 128 + kk * 16 * 128,
                                                        kBlockN * 128),
-                                         step > 0 ? 1 : 0);
-    }
+                                         kk > 0 ? 1 : 0);
     wgmma_commit();
     int next_h = h, next_m_block = m_block;
     const bool has_next = items.next(next_h, next_m_block);
-    if (has_next) row_stat = load_row_stat(next_h, next_m_block);
+    if (has_next) load_row_stats(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
     fence_registers(acc_dk);
     fence_registers(acc_dq);
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
-    // Accumulator element acc_dq[4 j + 2 r + c]: query warp 16 + g + 8 r, column 64 dq_col_block + 8 j + 2 t + c.
+    // Accumulator element acc_dq[4 j + 2 r + c]: query 64 dq_query_block + 16 warp + g + 8 r,
+    // column 64 dq_col_block + 8 j + 2 t + c.
     float* dq_rows = pass.dq_accum + ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
     const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
     auto add_dq = [&]() {
@@ -412,7 +424,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int query = warp * 16 + g + 8 * r, col = dq_col_block * 64 + 8 * j + 2 * t;
+          const int query = dq_query_block * 64 + warp * 16 + g + 8 * r, col = dq_col_block * 64 + 8 * j + 2 * t;
           if (query < rows && col < dim)
             sm80::red_add_f32x2(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r],
                                 acc_dq[4 * j + 2 * r + 1]);
@@ -422,8 +434,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       add_dq();
     } else {
       // Deterministic: the key tiles of one query tile add in key-tile order
-      // (as in the sm80 backward); inside the CTA, warpgroup 0 before 1 where
-      // both add to the same elements.
+      // (as in the sm80 backward); the two warpgroups add disjoint blocks.
       int* semaphore =
           pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
       const int rank = n_block - items.first_visiting_block(m_block);
@@ -433,15 +444,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       named_barrier_sync(4, 256);
       pending_release = semaphore;
       pending_value = rank + 1;
-      if (Traits::kDqSplitKeys) {
-        if (wg == 0) add_dq();
-        named_barrier_sync(4, 256);
-        if (wg == 1) add_dq();
-        named_barrier_sync(4, 256);
-        release_pending();
-      } else {
-        add_dq();  // released at the next item's dS barrier, off this item's critical path
-      }
+      add_dq();  // released at the next item's dS barrier, off this item's critical path
     }
     if (!has_next) break;
     h = next_h;
