@@ -16,10 +16,10 @@
 // dK and dV stay in registers for the whole CTA (64 + 64 fp32 per thread at
 // hdim 128), which is what bounds the key tile. At hdim 64 they take half of
 // that, and the item doubles to 128 queries instead: the same registers for
-// S^T and dP^T, twice the work per barrier and per item's fixed costs. Items run in the sm80
-// backward's order (heads ascending, query tiles descending), so the
-// deterministic hand-off through ordered semaphores is the same. Softcap,
-// ALiBi and dropout stay on the sm80 backward (the dispatcher routes them).
+// S^T and dP^T, twice the work per barrier and per item's fixed costs.
+// Deterministic mode orders the dQ adds of a query tile by descending key tile
+// (BwdItems). Softcap, ALiBi and dropout stay on the sm80 backward (the
+// dispatcher routes them).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (types only)
@@ -78,9 +78,18 @@ struct BwdBarriers {
 
 // The items of one CTA (key tile n_block): the query heads of its GQA group
 // ascending, and for each the query tiles that see a key of the tile,
-// descending. Producer and consumers walk the same sequence. The mask's
+// descending (ascending in deterministic mode). Producer and consumers walk the same sequence. The mask's
 // bounds are kept in 32 bits (CUDA sequence lengths are below 2^31) because
-// the producer runs on 24 registers.
+// the producer runs on 24 registers; for the same reason the order is a
+// template argument.
+//
+// Deterministic mode adds the dQ of a query tile in a fixed key-tile order,
+// descending, with query tiles ascending in each CTA and the CTAs of the last
+// key tiles launched first (bwd_key_tile). Every wait is then on a CTA that
+// started earlier, so none can wait on one that is not resident, and under a
+// causal mask a CTA's first query tile is the diagonal one, where it comes
+// first: the CTAs of one head hand over without waiting for each other. The
+// default mode keeps query tiles descending (no order among the adds).
 template <int kBlockM, int kBlockN>
 struct BwdItems {
   int shift, window_left, window_right, len_q, len_k;
@@ -98,28 +107,40 @@ struct BwdItems {
     items.h_end = h_end;
     return items;
   }
-  // First key tile that query tile m_block visits; -1 when it does not visit
-  // n_block. The key range is MaskPolicy's key_begin / key_end.
-  __device__ __forceinline__ int first_visiting_block(int m_block) const {
+  // The last key tile that query tile m_block visits; -1 when it does not
+  // visit n_block. The key range is MaskPolicy's key_begin / key_end.
+  __device__ __forceinline__ int last_visiting_block(int m_block) const {
     const int64_t m0 = int64_t(m_block) * kBlockM, m1 = min(m0 + kBlockM, int64_t(len_q));
     const int64_t begin = window_left >= 0 ? max(m0 + shift - window_left, int64_t(0)) : 0;
     const int64_t end = window_right >= 0 ? min(m1 + shift + window_right, int64_t(len_k)) : len_k;
     if (end <= begin) return -1;
-    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end + kBlockN - 1) / kBlockN);
-    return n_block >= first && n_block < last ? first : -1;
+    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end - 1) / kBlockN);
+    return n_block >= first && n_block <= last ? last : -1;
   }
-  // Start with h = the group's first head and m_block = m_blocks.
+  // The m_block before the first item.
+  template <bool kAscending>
+  __device__ __forceinline__ int m_start() const {
+    return kAscending ? -1 : m_blocks;
+  }
+  // Start with h = the group's first head and m_block = m_start<kAscending>().
+  template <bool kAscending>
   __device__ __forceinline__ bool next(int& h, int& m_block) const {
     if (m_blocks == 0) return false;
     while (true) {
-      if (--m_block < 0) {
-        m_block = m_blocks - 1;
+      m_block += kAscending ? 1 : -1;
+      if (m_block < 0 || m_block >= m_blocks) {
+        m_block = kAscending ? 0 : m_blocks - 1;
         if (++h >= h_end) return false;
       }
-      if (first_visiting_block(m_block) >= 0) return true;
+      if (last_visiting_block(m_block) >= 0) return true;
     }
   }
 };
+
+// The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
+__device__ __forceinline__ int bwd_key_tile(const sm80::BwdPass& pass) {
+  return pass.semaphores != nullptr ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
 
 __device__ __forceinline__ void expect_bytes(uint64_t* barrier, uint32_t bytes) {
   ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
@@ -151,19 +172,19 @@ struct BwdTileWork {
 // Thread 0 of the producer warpgroup: the TMA loads. It derives its work
 // from the arguments after giving its registers away, so nothing of the
 // kernel's prologue stays live on its 24 registers.
-template <class Traits>
+template <class Traits, bool kAscending>
 __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BwdParams& params = args.params;
-  const int b = blockIdx.z;
-  const auto work = BwdTileWork<Traits>::make(params, args.pass, b, blockIdx.x, blockIdx.y);
+  const int b = blockIdx.z, n_block = bwd_key_tile(args.pass);
+  const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, blockIdx.y);
   const SequenceBounds& seq = work.seq;
-  int h = work.h_first, m_block = work.items.m_blocks;
-  if (!work.items.next(h, m_block)) return;  // no item: the consumers wait for nothing either
+  int h = work.h_first, m_block = work.items.template m_start<kAscending>();
+  if (!work.items.template next<kAscending>(h, m_block)) return;  // no item: the consumers wait for nothing either
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
   const int batch = params.is_varlen ? 0 : b;
   expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
-  const int k_row = static_cast<int>(seq.k_row0) + blockIdx.x * kBlockN;
+  const int k_row = static_cast<int>(seq.k_row0) + n_block * kBlockN;
 #pragma unroll
   for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
     tma_load(smem + Traits::kOffsetK + cb * kBlockN * 128, &args.tma_k, cb * 64, k_row, work.h_kv, batch,
@@ -185,7 +206,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
       tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
     }
     ++it;
-  } while (work.items.next(h, m_block));
+  } while (work.items.template next<kAscending>(h, m_block));
 }
 
 template <class Traits>
@@ -202,7 +223,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   uint8_t* sDs = smem + Traits::kOffsetDs;
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const int n_block = blockIdx.x, b = blockIdx.z, tid = threadIdx.x;
+  const int n_block = bwd_key_tile(pass), b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
 
   if (tid == 0) {
@@ -218,7 +239,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0) produce_bwd<Traits>(args, smem);
+    if (tid == 0) {
+      if (pass.semaphores != nullptr)
+        produce_bwd<Traits, true>(args, smem);
+      else
+        produce_bwd<Traits, false>(args, smem);
+    }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -228,8 +254,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const MaskPolicy& mask = work.mask;
   const auto& items = work.items;
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
-  int h = work.h_first, m_block = items.m_blocks;
-  const bool has_items = items.next(h, m_block);
+  const bool deterministic = pass.semaphores != nullptr;
+  int h = work.h_first, m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
+  const bool has_items = deterministic ? items.template next<true>(h, m_block) : items.template next<false>(h, m_block);
   const int wg = warpgroup - 1;  // consumer 0 or 1: keys [64 wg, 64 wg + 64) of the tile
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -407,7 +434,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                          kk > 0 ? 1 : 0);
     wgmma_commit();
     int next_h = h, next_m_block = m_block;
-    const bool has_next = items.next(next_h, next_m_block);
+    const bool has_next = deterministic ? items.template next<true>(next_h, next_m_block)
+                                        : items.template next<false>(next_h, next_m_block);
     if (has_next) load_row_stats(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -433,11 +461,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     if (pass.semaphores == nullptr) {
       add_dq();
     } else {
-      // Deterministic: the key tiles of one query tile add in key-tile order
-      // (as in the sm80 backward); the two warpgroups add disjoint blocks.
+      // Deterministic: the key tiles of one query tile add in descending order
+      // (BwdItems); the two warpgroups add disjoint blocks.
       int* semaphore =
           pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-      const int rank = n_block - items.first_visiting_block(m_block);
+      const int rank = items.last_visiting_block(m_block) - n_block;
       if (wtid == 0 && wg == 0)
         while (sm80::load_acquire(semaphore) != rank) {
         }
