@@ -137,7 +137,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float* sLse = reinterpret_cast<float*>(sdS + TileP::kElements);  // kStages x kBlockM
   float* sDelta = sLse + kStages * kBlockM;                          // kStages x kBlockM
 
-  const int n_block = blockIdx.x, b = blockIdx.z;
+  // Deterministic mode launches the last key tiles first (see next_item).
+  const bool deterministic = pass.semaphores != nullptr;
+  const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const SequenceBounds seq = sequence_bounds(params, b);
@@ -175,26 +177,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // forward's, so the set (and the order rank of this CTA within each query
   // tile, used by the deterministic hand-off) is a pure function of the mask.
   const int m_blocks = (seq.len_q + kBlockM - 1) / kBlockM;
-  auto first_visiting_block = [&](int m_block) {  // -1: this key tile is not visited
+  auto last_visiting_block = [&](int m_block) {  // -1: this key tile is not visited
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const int64_t begin = mask.key_begin(m0), end = mask.key_end(m0 + rows);
     if (end <= begin) return -1;
-    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end + kBlockN - 1) / kBlockN);
-    return n_block >= first && n_block < last ? first : -1;
+    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end - 1) / kBlockN);
+    return n_block >= first && n_block <= last ? last : -1;
   };
-  // Items run heads ascending, query tiles descending: under a causal mask
-  // every key tile then starts on the last query tile, which all of them see,
-  // so the deterministic hand-off starts in lockstep instead of waiting for
-  // key tile 0 to walk up to the first query tile of key tile n.
+  // Items run heads ascending, query tiles descending, or ascending in
+  // deterministic mode. There the key tiles of a query tile add their dQ in
+  // descending order, and the last key tiles launch first: every wait is on a
+  // CTA that started earlier, and under a causal mask each CTA's first query
+  // tile is its diagonal one, where it adds first, so the CTAs of a head do
+  // not wait for each other's hand-offs.
   const int h_end = (h_kv + 1) * group;
   auto next_item = [&](int& h, int& m_block) {
     if (m_blocks == 0) return false;
     while (true) {
-      if (--m_block < 0) {
-        m_block = m_blocks - 1;
+      m_block += deterministic ? 1 : -1;
+      if (m_block < 0 || m_block >= m_blocks) {
+        m_block = deterministic ? 0 : m_blocks - 1;
         if (++h >= h_end) return false;
       }
-      if (first_visiting_block(m_block) >= 0) return true;
+      if (last_visiting_block(m_block) >= 0) return true;
     }
   };
   auto load_item = [&](int stage, int h, int m_block) {
@@ -322,13 +327,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
     if (pass.semaphores != nullptr) {
-      // Deterministic: the key tiles of one query tile add their dQ in key-tile
-      // order, so every fp32 sum of the workspace runs in one fixed order. Lower
-      // key tiles have lower block indices, were scheduled first, and release
-      // before they wait again: the wait cannot deadlock. The release itself is
-      // deferred to the next item's first barrier, off this CTA's critical path.
+      // Deterministic: the key tiles of one query tile add their dQ in
+      // descending order, so every fp32 sum of the workspace runs in one fixed
+      // order. Higher key tiles have lower block indices, were scheduled first,
+      // and release before they wait again: the wait cannot deadlock. The
+      // release itself is deferred to the next item's first barrier, off this
+      // CTA's critical path.
       int* semaphore = pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-      const int rank = n_block - first_visiting_block(m_block);
+      const int rank = last_visiting_block(m_block) - n_block;
       if (tid == 0)
         while (load_acquire(semaphore) != rank) {
         }
@@ -346,7 +352,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pending_release = nullptr;
   };
 
-  int h = h_kv * group, m_block = m_blocks;
+  int h = h_kv * group, m_block = deterministic ? -1 : m_blocks;
   bool has_item = next_item(h, m_block);
   if (has_item) load_item(0, h, m_block);
   else cp_async_commit();
