@@ -354,20 +354,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int query = 8 * j + 2 * t + c;
-        const float lse_query = lse[query];
+        const float lse_query = lse[8 * j + 2 * t + c];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float& s = acc_s[4 * j + 2 * r + c];
-          float p = exp2_approx(s * log2_scale - lse_query);
-          if (masked) {
-            const int64_t i = m0 + query, key = n0 + key_in_tile + 8 * r;
-            const bool visible = Traits::kMaskDiagonal ? mask.visible(i, key) : key < seq.len_k;
-            if (!visible) p = 0.0f;
-          }
-          s = p;
+          s = exp2_approx(s * log2_scale - lse_query);
         }
       }
+    // The mask in a pass of its own, one branch per item: inside the loop
+    // above, its per-element branches kept the exponentials from overlapping.
+    if (masked) {
+#pragma unroll
+      for (int e = 0; e < kBlockM / 2; ++e) {
+        const int64_t i = m0 + 8 * (e / 4) + 2 * t + (e & 1), key = n0 + key_in_tile + 8 * ((e >> 1) & 1);
+        const bool visible = Traits::kMaskDiagonal ? mask.visible(i, key) : key < seq.len_k;
+        if (!visible) acc_s[e] = 0.0f;
+      }
+    }
     wgmma_wait<0>();
     fence_registers(acc_dp);
 #pragma unroll
