@@ -50,7 +50,7 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q, dO: kColBlocks x (kBlockM, 64)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T: (kBlockN, kBlockM), one column block
   static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
-  static constexpr int kBarrierBytes = 128;
+  static constexpr int kBarrierBytes = 64;
   // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
   // dS^T of items it % 2, LSE and delta of items it % 2 for each consumer warpgroup, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
@@ -61,7 +61,6 @@ struct BwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "dK and dV of 64 keys x hdim must fit the registers");
   static constexpr int kRowStatsPerThread = 2 * kBlockM / 128;  // an item's LSE and delta over a warpgroup
   static_assert(kHeadDim / 64 * kBlockM == 128, "dQ is two (64, 64) blocks");
-  static_assert(sizeof(uint64_t) * 9 <= kBarrierBytes, "BwdBarriers fits");
 };
 
 // Tensor maps first (64-byte aligned): Q and dO with boxes of (64, kBlockM),
@@ -75,16 +74,14 @@ struct BwdKernelArgs {
 struct BwdBarriers {
   uint64_t kv_full;
   uint64_t q_full[2], q_empty[2];
-  // Deterministic mode, per item parity: the consumers' dQ adds are issued
-  // (256 arrivals), and the releaser has published them (1 arrival).
-  uint64_t dq_added[2], dq_released[2];
 };
 
 // The items of one CTA (key tile n_block): the query heads of its GQA group
 // ascending, and for each the query tiles that see a key of the tile,
 // descending (ascending in deterministic mode). Producer and consumers walk the same sequence. The mask's
 // bounds are kept in 32 bits (CUDA sequence lengths are below 2^31) because
-// the producer runs on 24 registers.
+// the producer runs on 24 registers; for the same reason the order is a
+// template argument.
 //
 // Deterministic mode adds the dQ of a query tile in a fixed key-tile order,
 // descending, with query tiles ascending in each CTA and the CTAs of the last
@@ -121,16 +118,18 @@ struct BwdItems {
     return n_block >= first && n_block <= last ? last : -1;
   }
   // The m_block before the first item.
-  __device__ __forceinline__ int m_start(bool ascending) const { return ascending ? -1 : m_blocks; }
-  // Start with h = the group's first head and m_block = m_start(ascending).
-  // The producer and the releaser pass the order as a constant.
-  __device__ __forceinline__ bool next(int& h, int& m_block, bool ascending) const {
+  template <bool kAscending>
+  __device__ __forceinline__ int m_start() const {
+    return kAscending ? -1 : m_blocks;
+  }
+  // Start with h = the group's first head and m_block = m_start<kAscending>().
+  template <bool kAscending>
+  __device__ __forceinline__ bool next(int& h, int& m_block) const {
     if (m_blocks == 0) return false;
-    const int step = ascending ? 1 : -1;
     while (true) {
-      m_block += step;
+      m_block += kAscending ? 1 : -1;
       if (m_block < 0 || m_block >= m_blocks) {
-        m_block = ascending ? 0 : m_blocks - 1;
+        m_block = kAscending ? 0 : m_blocks - 1;
         if (++h >= h_end) return false;
       }
       if (last_visiting_block(m_block) >= 0) return true;
@@ -170,28 +169,6 @@ struct BwdTileWork {
   }
 };
 
-// Deterministic mode, lane 0 of the producer warpgroup's warp 1: once the
-// consumers' dQ adds of an item are issued, publish them to the next key tile
-// of that query tile (fence, then the semaphore's release). In a thread of its
-// own, the fence's wait for the reductions stays off the consumers' path and
-// the next key tile starts its adds about one fence later.
-template <class Traits>
-__device__ __forceinline__ void release_bwd(const BwdKernelArgs& args, uint8_t* smem) {
-  const sm80::BwdPass& pass = args.pass;
-  const int b = blockIdx.z, n_block = bwd_key_tile(pass);
-  const auto work = BwdTileWork<Traits>::make(args.params, pass, b, n_block, blockIdx.y);
-  BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
-  int h = work.h_first, m_block = work.items.m_start(true);
-  for (int it = 0; work.items.next(h, m_block, true); ++it) {
-    wait_barrier(&bars->dq_added[it & 1], (it >> 1) & 1);
-    int* semaphore =
-        pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-    __threadfence();
-    sm80::store_release(semaphore, work.items.last_visiting_block(m_block) - n_block + 1);
-    ::cuda::ptx::mbarrier_arrive(&bars->dq_released[it & 1]);
-  }
-}
-
 // Thread 0 of the producer warpgroup: the TMA loads. It derives its work
 // from the arguments after giving its registers away, so nothing of the
 // kernel's prologue stays live on its 24 registers.
@@ -202,8 +179,8 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   const int b = blockIdx.z, n_block = bwd_key_tile(args.pass);
   const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, blockIdx.y);
   const SequenceBounds& seq = work.seq;
-  int h = work.h_first, m_block = work.items.m_start(kAscending);
-  if (!work.items.next(h, m_block, kAscending)) return;  // no item: the consumers wait for nothing either
+  int h = work.h_first, m_block = work.items.template m_start<kAscending>();
+  if (!work.items.template next<kAscending>(h, m_block)) return;  // no item: the consumers wait for nothing either
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
   const int batch = params.is_varlen ? 0 : b;
   expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
@@ -229,7 +206,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
       tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
     }
     ++it;
-  } while (work.items.next(h, m_block, kAscending));
+  } while (work.items.template next<kAscending>(h, m_block));
 }
 
 template <class Traits>
@@ -254,8 +231,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     for (int s = 0; s < Traits::kStages; ++s) {
       ::cuda::ptx::mbarrier_init(&bars->q_full[s], 1);
       ::cuda::ptx::mbarrier_init(&bars->q_empty[s], 8);  // one arrival per consumer warp
-      ::cuda::ptx::mbarrier_init(&bars->dq_added[s], 256);
-      ::cuda::ptx::mbarrier_init(&bars->dq_released[s], 1);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -269,8 +244,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
         produce_bwd<Traits, true>(args, smem);
       else
         produce_bwd<Traits, false>(args, smem);
-    } else if (tid == 32 && pass.semaphores != nullptr) {
-      release_bwd<Traits>(args, smem);
     }
     return;
   }
@@ -282,8 +255,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const auto& items = work.items;
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
   const bool deterministic = pass.semaphores != nullptr;
-  int h = work.h_first, m_block = items.m_start(deterministic);
-  const bool has_items = items.next(h, m_block, deterministic);
+  int h = work.h_first, m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
+  const bool has_items = deterministic ? items.template next<true>(h, m_block) : items.template next<false>(h, m_block);
   const int wg = warpgroup - 1;  // consumer 0 or 1: keys [64 wg, 64 wg + 64) of the tile
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -300,6 +273,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   // The (64, 64) block of every item's dQ that this warpgroup computes.
   const int dq_col_block = Traits::kDqSplitQueries ? 0 : wg;
   const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
+
+  // Deterministic mode: the semaphore this CTA still has to release (and its
+  // value) once every consumer thread's dQ adds are behind a barrier.
+  int* pending_release = nullptr;
+  int pending_value = 0;
+  auto release_pending = [&]() {
+    if (pending_release != nullptr && wtid == 0 && wg == 0) {
+      __threadfence();
+      sm80::store_release(pending_release, pending_value);
+    }
+    pending_release = nullptr;
+  };
 
   // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
   // and delta rows of an item, (2, kBlockM) values: index wtid + 128 s is
@@ -430,6 +415,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
     named_barrier_sync(1, 256);
+    release_pending();  // the previous item's dQ adds of both warpgroups are behind this barrier
 
     // This warpgroup's (64 queries, 64 columns) block of dQ = dS K over all 128 keys.
     // At hdim 64 the dV / dK products finish first: their register operands
@@ -451,7 +437,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                          kk > 0 ? 1 : 0);
     wgmma_commit();
     int next_h = h, next_m_block = m_block;
-    const bool has_next = items.next(next_h, next_m_block, deterministic);
+    const bool has_next = deterministic ? items.template next<true>(next_h, next_m_block)
+                                        : items.template next<false>(next_h, next_m_block);
     if (has_next) load_row_stats(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -478,9 +465,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       add_dq();
     } else {
       // Deterministic: the key tiles of one query tile add in descending order
-      // (BwdItems); the two warpgroups add disjoint blocks; release_bwd
-      // publishes the adds. Item it - 2 must be published before this item's
-      // arrivals reuse its barrier.
+      // (BwdItems); the two warpgroups add disjoint blocks.
       int* semaphore =
           pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
       const int rank = items.last_visiting_block(m_block) - n_block;
@@ -488,13 +473,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
         while (sm80::load_acquire(semaphore) != rank) {
         }
       named_barrier_sync(4, 256);
-      add_dq();
-      if (it >= 2) wait_barrier(&bars->dq_released[stage], ((it >> 1) & 1) ^ 1);
-      ::cuda::ptx::mbarrier_arrive(&bars->dq_added[stage]);
+      pending_release = semaphore;
+      pending_value = rank + 1;
+      add_dq();  // released at the next item's dS barrier, off this item's critical path
     }
     if (!has_next) break;
     h = next_h;
     m_block = next_m_block;
+  }
+  if (pending_release != nullptr) {
+    named_barrier_sync(4, 256);
+    release_pending();
   }
 
   // dK (times the softmax scale) and dV of this warpgroup's keys, from the accumulators.
