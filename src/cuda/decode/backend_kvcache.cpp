@@ -83,8 +83,10 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);
     plan->lse_partial_bytes = partial_rows * sizeof(float);
+    plan->arrival_bytes = size_t(p.batch * p.heads_kv) * plan->row_blocks * sizeof(unsigned int);
     plan->lse_offset = align_up(plan->o_partial_bytes);
-    plan->total = plan->lse_offset + plan->lse_partial_bytes;
+    plan->arrivals_offset = plan->lse_offset + align_up(plan->lse_partial_bytes);
+    plan->total = plan->arrivals_offset + plan->arrival_bytes;
   }
   return FA_OK;
 }

@@ -89,11 +89,11 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
-// else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
+// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1, else its fp32
+// partials, and the last split block of its rows merges them into out/lse.
 template <typename Traits, typename Element>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
-    split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
+    split_kv_mma_kernel(const KvCacheParams p, const SplitPartials partials) {
   constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kRowBytes = Traits::kRowBytes;
   constexpr int kKeyBlocks = Traits::kKeyBlocks, kValueHalves = Traits::kValueHalves;
   constexpr int kRowChunks = Traits::kRowChunks, kStages = Traits::kStages, kSlabKeys = Traits::kSlabKeys;
@@ -368,8 +368,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         for (int e = 0; e < 2; ++e) o_row[64 * h + 8 * (2 * t + e) + i] = o_acc[8 * h + i][2 * half + e];
   }
   __syncthreads();
-  merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
-                                                            rows_padded);
+  merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, partials);
 }
 
 }  // namespace flashattn::cuda::decode
