@@ -2,7 +2,8 @@
 // barriers for __syncthreads and for every warp shuffle, cp.async as a copy,
 // exact-size host buffers, built with AddressSanitizer (run.sh). Checks O and
 // the LSE against an fp64 reference.
-// usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [H] [Hkv]
+// usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [H] [Hkv] [rotary]
+// rotary 1: q rotated NeoX-style over the first D / 2 dims at each row's position (cache_seqlens).
 // Two batch rows: row 0 holds S keys, row 1 S / 3 (so its splits are shorter, some empty). With
 // splits > 1 the grid's blocks run in a shuffled order (any block may arrive last at the split
 // merge), in two calls on the same workspace, which starts poisoned except for the arrival counters
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
   const int splits = argc > 3 ? atoi(argv[3]) : 1;
   const int kernel = argc > 4 ? atoi(argv[4]) : 0;  // 0 warp, 1 tiles, 2 mma
   const int H = argc > 5 ? atoi(argv[5]) : 32, Hkv = argc > 6 ? atoi(argv[6]) : 8;
-  const int B = 2, D = 128, G = H / Hkv;
+  const bool rotary = argc > 7 && atoi(argv[7]) != 0;
+  const int B = 2, D = 128, G = H / Hkv, rotary_dim = D / 2;
   const int filled[B] = {S, S / 3};
   const int blocks_per_row = paged ? (S + page - 1) / page : 1;
   const int rows_in_cache = paged ? B * blocks_per_row : B;
@@ -83,6 +85,16 @@ int main(int argc, char** argv) {
   p.lse_layout = {H, H, 1};
   p.cache_seqlens = seqlens.data();
   p.softmax_scale = 1.0f / std::sqrt(float(D)); p.causal = true; p.window_right = 0;
+  std::vector<E> cos_table(size_t(S + 1) * rotary_dim / 2), sin_table(cos_table.size());
+  for (size_t e = 0; e < cos_table.size(); ++e) {
+    const double angle = double(e / (rotary_dim / 2)) * std::pow(10000.0, -2.0 * double(e % (rotary_dim / 2)) / rotary_dim);
+    cos_table[e] = __float2bfloat16_rn(float(std::cos(angle)));
+    sin_table[e] = __float2bfloat16_rn(float(std::sin(angle)));
+  }
+  if (rotary) {
+    p.rotary_cos = cos_table.data(); p.rotary_sin = sin_table.data(); p.rotary_dim = rotary_dim;
+    p.rotary_cos_stride = p.rotary_sin_stride = rotary_dim / 2; p.rotary_interleaved = false;
+  }
 
   const bool tiles = kernel == 1, mma = kernel == 2;
   using WarpTraits = SplitKvWarpTraits<E, 128, 4>;
@@ -133,11 +145,22 @@ int main(int argc, char** argv) {
         if (!(std::isinf(o_lse) && o_lse > 0)) worst_lse = INFINITY;
         continue;
       }
+      // q as the kernel sees it: rotated at position filled (Sq = 1, causal) and rounded to bf16.
+      std::vector<double> q_row(D);
+      for (int e = 0; e < D; ++e) {
+        auto q_at = [&](int64_t d) { return double(__bfloat162float(q[(b * H + h) * D + d])); };
+        q_row[e] = q_at(e);
+        if (!rotary || e >= rotary_dim) continue;
+        const RotaryPair pair = rotary_pair(rotary_dim, false, e);
+        const size_t at = size_t(keys) * (rotary_dim / 2) + pair.column;
+        const double c = __bfloat162float(cos_table[at]), sn = __bfloat162float(sin_table[at]);
+        q_row[e] = __bfloat162float(__float2bfloat16_rn(float(rotate<double>(q_at(pair.first), q_at(pair.second), c, sn, e == pair.first))));
+      }
       std::vector<double> s(keys);
       double m = -1e300;
       for (int j = 0; j < keys; ++j) {
         double dot = 0;
-        for (int e = 0; e < D; ++e) dot += double(__bfloat162float(q[(b * H + h) * D + e])) * k_at(kc, j, e);
+        for (int e = 0; e < D; ++e) dot += q_row[e] * k_at(kc, j, e);
         s[j] = dot * p.softmax_scale;
         m = std::max(m, s[j]);
       }
@@ -151,8 +174,8 @@ int main(int argc, char** argv) {
         worst = std::isnan(got) ? INFINITY : std::max(worst, std::fabs(o / l - got));
       }
     }
-  std::printf("S=%d page=%d splits=%d %s H=%d Hkv=%d: max |O - fp64| %.3e, max |LSE - fp64| %.3e, counters %s\n", S,
-              page, splits, tiles ? "tiles" : mma ? "mma" : "warp", H, Hkv, worst, worst_lse,
+  std::printf("S=%d page=%d splits=%d %s H=%d Hkv=%d%s: max |O - fp64| %.3e, max |LSE - fp64| %.3e, counters %s\n", S,
+              page, splits, tiles ? "tiles" : mma ? "mma" : "warp", H, Hkv, rotary ? " rotary" : "", worst, worst_lse,
               counters_reset ? "reset" : "LEFT NONZERO");
   // bf16 outputs of magnitude < 1: a few ulps; the LSE is fp32.
   return worst <= 2e-2 && worst_lse <= 1e-3 && counters_reset ? 0 : 1;
