@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
   p.softmax_scale = 1.0f / std::sqrt(float(D)); p.causal = true; p.window_right = 0;
   std::vector<E> cos_table(size_t(S + 1) * rotary_dim / 2), sin_table(cos_table.size());
   for (size_t e = 0; e < cos_table.size(); ++e) {
-    const double angle = double(e / (rotary_dim / 2)) * std::pow(10000.0, -2.0 * double(e % (rotary_dim / 2)) / rotary_dim);
+    const int position = int(e / (rotary_dim / 2)), pair = int(e % (rotary_dim / 2));
+    const double angle = position * std::pow(10000.0, -2.0 * pair / rotary_dim);
     cos_table[e] = __float2bfloat16_rn(float(std::cos(angle)));
     sin_table[e] = __float2bfloat16_rn(float(std::sin(angle)));
   }
@@ -141,7 +142,8 @@ int main(int argc, char** argv) {
       };
       const float o_lse = lse[b * H + h];
       if (keys == 0) {  // no key: O = 0, LSE = +inf
-        for (int e = 0; e < D; ++e) worst = std::max(worst, std::fabs(double(__bfloat162float(out[(b * H + h) * D + e]))));
+        for (int e = 0; e < D; ++e)
+          worst = std::max(worst, std::fabs(double(__bfloat162float(out[(b * H + h) * D + e]))));
         if (!(std::isinf(o_lse) && o_lse > 0)) worst_lse = INFINITY;
         continue;
       }
@@ -154,7 +156,8 @@ int main(int argc, char** argv) {
         const RotaryPair pair = rotary_pair(rotary_dim, false, e);
         const size_t at = size_t(keys) * (rotary_dim / 2) + pair.column;
         const double c = __bfloat162float(cos_table[at]), sn = __bfloat162float(sin_table[at]);
-        q_row[e] = __bfloat162float(__float2bfloat16_rn(float(rotate<double>(q_at(pair.first), q_at(pair.second), c, sn, e == pair.first))));
+        const double rotated = rotate<double>(q_at(pair.first), q_at(pair.second), c, sn, e == pair.first);
+        q_row[e] = __bfloat162float(__float2bfloat16_rn(float(rotated)));
       }
       std::vector<double> s(keys);
       double m = -1e300;
