@@ -2,7 +2,7 @@
 // (fp32 cases run as bf16): O and LSE within the 2x rule of the fp64
 // reference on the gathered cache, the appended cache byte for byte, outputs
 // poisoned on the device, the exact workspace, every split count from 1 to the
-// maximum agreeing with no split, and consecutive calls on one workspace.
+// maximum agreeing with no split, consecutive calls on one workspace and graph replays.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -154,6 +154,56 @@ TEST(GpuKvCacheSplits, ConsecutiveCallsShareTheWorkspace) {
     if (first.empty()) first = p.out.to_vector();
     EXPECT_EQ(p.out.to_vector(), first) << "a repeated call departs from the first";
   }
+}
+
+// A split call captured in a CUDA graph and replayed: every replay (out poisoned before each) gives
+// the eager call's bits, so the arrival counters are zero at each replay's start.
+TEST(GpuKvCacheSplits, GraphReplaysMatchTheEagerCall) {
+  FA_GPU_TEST_OR_SKIP();
+  KvCase c = kvcache_case("paged16_bf16_long_decode_gqa4");
+  ASSERT_EQ(c.name, "paged16_bf16_long_decode_gqa4");
+  c.S_new = 0;
+  c.rotary = Rotary::kNone;
+  c.num_splits = 32;
+  KvProblem p = make_kv_problem(c);
+  p.poison_outputs();
+  KvMirror mirror(p);
+  ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
+  cudaStream_t stream = nullptr;
+  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa_kvcache_args args = mirror.args();
+  args.opts.stream = stream;
+  size_t bytes = 0;
+  ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
+  DeviceBuffer workspace(bytes);
+  FA_CUDA_ASSERT(cudaMemset(workspace.data, 0xFF, bytes));
+  ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  mirror.download();
+  ASSERT_TRUE(fully_written("out", p.out));
+  expect_kvcache_matches(p);
+  const std::vector<unsigned char> eager = p.out.bytes();
+
+  // The eager call set the kernel's shared-memory attribute; capture records the memset and launch.
+  cudaGraph_t graph = nullptr;
+  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fa_status status = fa_fwd_kvcache(&args, workspace.data, bytes);
+  const std::string message = fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(status, FA_OK) << message;
+  cudaGraphExec_t exec = nullptr;
+  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    FA_CUDA_ASSERT(cudaMemsetAsync(args.out.data, 0xFF, eager.size(), stream));
+    FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download();
+    EXPECT_TRUE(p.out.bytes() == eager);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by
