@@ -166,15 +166,16 @@ bool use_sm90_forward(const FwdParams& params) {
          tma_describable(params.v, params.v_layout, params.heads_kv, batch);
 }
 
-// Head-dim class of the sm90 backward for D, Dv (64, 128), or 0 when none is compiled.
+// Head-dim class of the sm90 backward for D, Dv (64, 128, 256), or 0 when none is compiled.
 int sm90_bwd_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   const int64_t needed = std::max(head_dim, head_dim_v);
   if (needed <= 64 && FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_64) return 64;
   if (needed <= 128 && FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_128) return 128;
+  if (needed <= 256 && FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_256) return 256;
   return 0;
 }
 
-// The Hopper backward serves compute capability 9.0 for head dims up to 128
+// The Hopper backward serves compute capability 9.0 for head dims up to 256
 // without softcap, ALiBi or dropout, when TMA can describe Q, dO, K and V.
 // FLASHATTN_CUDA_BWD=sm80 forces the FA2 backward everywhere (A/B in one process).
 bool use_sm90_backward(const BwdParams& params) {
@@ -199,6 +200,9 @@ fa_status dispatch_sm90_bwd_head_dim(int head_dim_class_value, Fn&& fn) {
 #endif
 #if FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_128
     case 128: return fn(std::integral_constant<int, 128>{});
+#endif
+#if FLASHATTN_CUDA_HAS_SM90_BWD_HEADDIM_256
+    case 256: return fn(std::integral_constant<int, 256>{});
 #endif
     default: break;
   }

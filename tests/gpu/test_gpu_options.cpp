@@ -231,8 +231,8 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
 }
 
 // Small problems for compute-sanitizer memcheck / racecheck: causal, varlen
-// with empty sequences, GQA, dropout, softcap + ALiBi, forward and backward
-// (default and deterministic).
+// with empty sequences, GQA, head dim 256, dropout, softcap + ALiBi, forward
+// and backward (default and deterministic).
 TEST(GpuSanitizer, RepresentativeSubset) {
   FA_GPU_TEST_OR_SKIP();
   std::vector<Case> cases;
@@ -252,6 +252,11 @@ TEST(GpuSanitizer, RepresentativeSubset) {
   varlen.B = 3, varlen.Sq = 70, varlen.Sk = 129, varlen.D = 128, varlen.Dv = 128;
   varlen.causal = true;
   add(varlen);
+  Case wide = base;
+  wide.name = "san_hdim256_causal";  // the sm90 backward's wide kernel on Hopper
+  wide.causal = true;
+  wide.Sq = 100, wide.Sk = 150, wide.D = 256, wide.Dv = 192;
+  add(wide);
   Case drop = base;
   drop.name = "san_dropout_softcap_alibi";
   drop.dropout = 0.2f;

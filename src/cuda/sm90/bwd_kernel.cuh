@@ -209,6 +209,36 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   } while (work.items.template next<kAscending>(h, m_block));
 }
 
+// The start of a backward CTA (both kernels): barriers, then the producer
+// warpgroup gives its registers to the consumers and its thread 0 loads.
+// Returns true for the consumer threads.
+template <class Traits>
+__device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t* smem) {
+  BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    ::cuda::ptx::mbarrier_init(&bars->kv_full, 1);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      ::cuda::ptx::mbarrier_init(&bars->q_full[s], 1);
+      ::cuda::ptx::mbarrier_init(&bars->q_empty[s], 8);  // one arrival per consumer warp
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+  if (tid < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 0) {
+      if (args.pass.semaphores != nullptr)
+        produce_bwd<Traits, true>(args, smem);
+      else
+        produce_bwd<Traits, false>(args, smem);
+    }
+    return false;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  return true;
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   using T = typename Traits::T;
@@ -225,29 +255,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 
   const int n_block = bwd_key_tile(pass), b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
-
-  if (tid == 0) {
-    ::cuda::ptx::mbarrier_init(&bars->kv_full, 1);
-    for (int s = 0; s < Traits::kStages; ++s) {
-      ::cuda::ptx::mbarrier_init(&bars->q_full[s], 1);
-      ::cuda::ptx::mbarrier_init(&bars->q_empty[s], 8);  // one arrival per consumer warp
-    }
-    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-  }
-  __syncthreads();
-
+  if (!start_bwd_cta<Traits>(args, smem)) return;
   const int warpgroup = tid / 128;
-  if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0) {
-      if (pass.semaphores != nullptr)
-        produce_bwd<Traits, true>(args, smem);
-      else
-        produce_bwd<Traits, false>(args, smem);
-    }
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 
   const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
   const SequenceBounds& seq = work.seq;

@@ -5,7 +5,10 @@
 #pragma once
 
 #include "cuda/sm80/launch.cuh"  // run_bwd_passes, prepare_smem
+#include <type_traits>
+
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_kernel_wide.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace flashattn::cuda {
@@ -13,7 +16,10 @@ namespace flashattn::cuda {
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
   using T = typename ElementOf<Tag>::type;
-  using Traits = sm90::BwdTraits<T, kHeadDim, kMaskDiagonal>;
+  // Class 256 splits the head dim between the consumers (bwd_kernel_wide.cuh).
+  constexpr bool kWide = kHeadDim == 256;
+  using Traits = std::conditional_t<kWide, sm90::BwdWideTraits<T, kMaskDiagonal>,
+                                    sm90::BwdTraits<T, kHeadDim, kMaskDiagonal>>;
   if (params.total_q == 0 && params.total_k == 0) return FA_OK;
   sm90::BwdKernelArgs args{};
   args.params = params;
@@ -29,7 +35,12 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
                            params.k_layout, Traits::kBlockN));
   FA_TRY(encode_tensor_map(&args.tma_v, params.dtype, params.v, params.head_dim_v, rows_k, params.heads_kv, batch,
                            params.v_layout, Traits::kBlockN));
-  auto kernel = sm90::bwd_kernel<Traits>;
+  auto kernel = [] {
+    if constexpr (kWide)
+      return sm90::bwd_wide_kernel<Traits>;
+    else
+      return sm90::bwd_kernel<Traits>;
+  }();
   FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "sm90 backward kernel"));
   const int group = static_cast<int>(params.heads / params.heads_kv);
   return run_bwd_passes<T, kHeadDim>(

@@ -8,7 +8,8 @@
 // m16n8k16 A layout of each warp's 16 rows, so P converts in registers.
 //
 // The operand lists are spelled out (ptxas needs every accumulator register
-// named in the instruction); only N = 64 and 128 exist: S uses N = kBlockN and
+// named in the instruction); N = 64 and 128, and N = 32 from shared memory
+// (the hdim-256 backward's S^T of half an item): S uses N = kBlockN and
 // P V runs Dv / 128 (or one N = 64) instructions per k-step, which costs
 // nothing extra because A comes from registers. The shared-memory form takes
 // the two transpose flags as immediates: 1 reads that operand MN-major (the
@@ -76,6 +77,34 @@ struct WgmmaSS;
 // D (64 x N) (+)= A (64 x 16, registers) * B (16 x N, smem, MN-major).
 template <typename T, int kN>
 struct WgmmaRS;
+template <>
+struct WgmmaSS<__half, 32> {
+  template <int kTransA = 0, int kTransB = 0>
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  }
+};
+template <>
+struct WgmmaSS<__nv_bfloat16, 32> {
+  template <int kTransA = 0, int kTransB = 0>
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  }
+};
 template <>
 struct WgmmaSS<__half, 64> {
   template <int kTransA = 0, int kTransB = 0>
