@@ -65,12 +65,4 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
-template <typename T> inline T __ldcg(const T* p) { return *p; }
-// One block runs at a time and its threads meet at barriers around these: plain operations suffice.
-inline void __threadfence() {}
-inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
-  const unsigned int old = *address;
-  *address = old + value;
-  return old;
-}
 using std::min; using std::max; using std::abs; using std::fmaxf; using std::fmaf;

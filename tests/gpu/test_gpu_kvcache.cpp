@@ -1,8 +1,8 @@
 // The CUDA backend's attention against a KV cache on the shared cache cases
 // (fp32 cases run as bf16): O and LSE within the 2x rule of the fp64
 // reference on the gathered cache, the appended cache byte for byte, outputs
-// poisoned on the device, the exact workspace, every split count from 1 to the
-// maximum agreeing with no split, consecutive calls on one workspace and graph replays.
+// poisoned on the device, the exact workspace, and every split count from 1 to
+// the maximum agreeing with no split.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,95 +115,6 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
   FA_GPU_TEST_OR_SKIP();
   for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"})
     expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
-}
-
-// The last split block of each row block merges the splits, counted by arrival counters in the
-// workspace: consecutive calls on one workspace (poisoned once, then left as each call leaves it,
-// with other split counts and so other layouts in between) all meet the reference, and the
-// repeated count gives the same bits.
-TEST(GpuKvCacheSplits, ConsecutiveCallsShareTheWorkspace) {
-  FA_GPU_TEST_OR_SKIP();
-  KvCase c = kvcache_case("paged16_bf16_long_decode_gqa4");
-  ASSERT_EQ(c.name, "paged16_bf16_long_decode_gqa4");
-  c.S_new = 0;
-  c.rotary = Rotary::kNone;
-  c.num_splits = 32;  // the largest count below: its workspace serves the others
-  KvProblem p = make_kv_problem(c);
-  p.poison_outputs();
-  KvMirror mirror(p);
-  ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
-  size_t bytes = 0;
-  const fa_kvcache_args largest = mirror.args();
-  ASSERT_EQ(fa_fwd_kvcache_workspace_size(&largest, &bytes), FA_OK) << fa_last_error();
-  ASSERT_GT(bytes, 0u);
-  DeviceBuffer workspace(bytes);
-  FA_CUDA_ASSERT(cudaMemset(workspace.data, 0xFF, bytes));
-  const KvReference reference = kv_reference(p);
-  std::vector<double> first;
-  for (int32_t splits : {32, 32, 5, 32, 2}) {
-    SCOPED_TRACE("num_splits " + std::to_string(splits));
-    fa_kvcache_args args = largest;
-    args.num_splits = splits;
-    FA_CUDA_ASSERT(cudaMemset(args.out.data, 0xFF, p.out.bytes().size()));
-    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-    FA_CUDA_ASSERT(cudaDeviceSynchronize());
-    mirror.download();
-    ASSERT_TRUE(fully_written("out", p.out));
-    expect_kvcache_matches(p, reference);
-    if (splits != 32) continue;
-    if (first.empty()) first = p.out.to_vector();
-    EXPECT_EQ(p.out.to_vector(), first) << "a repeated call departs from the first";
-  }
-}
-
-// A split call captured in a CUDA graph and replayed: every replay (out poisoned before each) gives
-// the eager call's bits, so the arrival counters are zero at each replay's start.
-TEST(GpuKvCacheSplits, GraphReplaysMatchTheEagerCall) {
-  FA_GPU_TEST_OR_SKIP();
-  KvCase c = kvcache_case("paged16_bf16_long_decode_gqa4");
-  ASSERT_EQ(c.name, "paged16_bf16_long_decode_gqa4");
-  c.S_new = 0;
-  c.rotary = Rotary::kNone;
-  c.num_splits = 32;
-  KvProblem p = make_kv_problem(c);
-  p.poison_outputs();
-  KvMirror mirror(p);
-  ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
-  cudaStream_t stream = nullptr;
-  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fa_kvcache_args args = mirror.args();
-  args.opts.stream = stream;
-  size_t bytes = 0;
-  ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
-  DeviceBuffer workspace(bytes);
-  FA_CUDA_ASSERT(cudaMemset(workspace.data, 0xFF, bytes));
-  ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-  mirror.download();
-  ASSERT_TRUE(fully_written("out", p.out));
-  expect_kvcache_matches(p);
-  const std::vector<unsigned char> eager = p.out.bytes();
-
-  // The eager call set the kernel's shared-memory attribute; capture records the memset and launch.
-  cudaGraph_t graph = nullptr;
-  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fa_status status = fa_fwd_kvcache(&args, workspace.data, bytes);
-  const std::string message = fa_last_error();
-  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(status, FA_OK) << message;
-  cudaGraphExec_t exec = nullptr;
-  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    SCOPED_TRACE("replay " + std::to_string(replay));
-    FA_CUDA_ASSERT(cudaMemsetAsync(args.out.data, 0xFF, eager.size(), stream));
-    FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    mirror.download();
-    EXPECT_TRUE(p.out.bytes() == eager);
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by

@@ -1,13 +1,12 @@
-// Launchers of the KV-cache kernels: append (when k_new is given) and split-KV
-// attention, whose last split block of each row block merges the splits (no
-// combine kernel). They only enqueue work on the caller's stream.
+// Launchers of the KV-cache kernels: append (when k_new is given), split-KV
+// attention, and the combine (when the keys are split). They only enqueue
+// work on the caller's stream.
 #pragma once
 
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/element_type.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
 #include "cuda/decode/split_kv_mma.cuh"
-#include "cuda/decode/split_kv_tiles.cuh"
 #include "cuda/decode/split_kv_warp.cuh"
 #include "flashattn_cuda_config.hpp"  // generated: FLASHATTN_CUDA_DECODE_KERNEL
 
@@ -16,12 +15,12 @@ namespace flashattn::cuda::decode {
 // One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
 // takes the same arguments, its Traits give the block size and shared memory.
 template <class Traits, class Kernel>
-fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePlan& plan,
-                          const SplitPartials& partials, cudaStream_t stream) {
+fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
+                          float* lse_partial, cudaStream_t stream) {
   const int smem = static_cast<int>(Traits::smem_bytes());
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, partials);
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
   FA_CUDA_CHECK(cudaGetLastError());
   return FA_OK;
 }
@@ -41,36 +40,31 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   if (batch_heads > 65535 || plan.row_blocks > 65535)
     return fail(FA_ERROR_UNSUPPORTED, "q: B * Hkv = %lld exceeds the grid limit 65535 of the decode kernel",
                 static_cast<long long>(batch_heads));
-  SplitPartials partials;
-  partials.rows_padded = plan.rows_padded;
-  if (plan.splits > 1) {
-    char* base = static_cast<char*>(workspace);
-    partials.o = reinterpret_cast<float*>(base);
-    partials.lse = reinterpret_cast<float*>(base + plan.lse_offset);
-    partials.arrivals = reinterpret_cast<unsigned int*>(base + plan.arrivals_offset);
-    // The arrival counters must read zero when the kernel starts. The kernel leaves them at zero,
-    // but the workspace is the caller's (or the allocator's): never zeroed, reused across calls of
-    // other shapes and other functions, or poisoned, and a call that failed mid-way would leave
-    // counts behind. Zeroing the plan's few counter bytes (4 per row block of B * Hkv) on the
-    // stream before each launch makes every call correct on its own, CUDA graphs included.
-    FA_CUDA_CHECK(cudaMemsetAsync(partials.arrivals, 0, plan.arrival_bytes, stream));
-  }
+  char* base = static_cast<char*>(workspace);
+  float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
+  float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-    FA_TRY(launch_split_kv<Traits>(split_kv_mma_kernel<Traits, Element>, p, plan, partials, stream));
+    FA_TRY(launch_split_kv<Traits>(split_kv_mma_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
     using Eight = SplitKvWarpTraits<Element, kHeadDim, 8>;
     if (rows_per_block(rows, kKernel) == 4)
-      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, partials, stream));
+      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial, stream));
     else
-      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, partials, stream));
+      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial, stream));
   } else {
     using Traits = DecodeTraits<Element, kHeadDim>;
     static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
-    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, partials, stream));
+    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
+  }
+  if (plan.splits > 1) {
+    const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kCombineWarps - 1) / kCombineWarps);
+    combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
+                                                                        plan.rows_padded);
+    FA_CUDA_CHECK(cudaGetLastError());
   }
   return FA_OK;
 }

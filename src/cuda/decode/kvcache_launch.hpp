@@ -11,14 +11,14 @@
 
 namespace flashattn::cuda::decode {
 
-// Keys per split come in multiples of kKeysPerTile (the tile of split_kv_tiles.cuh, the block step of the others).
+// Keys per split come in multiples of kKeysPerTile (the tile of split_kv_kernel).
 constexpr int kKeysPerTile = 64;
-// Most splits of one call (the split merge keeps a weight per split and row in shared memory).
+// Most splits of one call (combine_kernel keeps a weight per split in shared memory).
 constexpr int kMaxSplits = 128;
 
 // The split-KV kernels (CMake option FLASHATTN_CUDA_DECODE): tensor cores
 // (split_kv_mma.cuh, head-dim classes up to 128), CUDA cores with a private
-// ring per warp (split_kv_warp.cuh), or block-wide tiles (split_kv_tiles.cuh).
+// ring per warp (split_kv_warp.cuh), or block-wide tiles (kvcache_kernel.cuh).
 enum class DecodeKernel { kTiles = 0, kWarp = 1, kMma = 2 };
 
 // The kernel a build runs for a head-dim class: the configured one, except
@@ -40,15 +40,13 @@ constexpr int blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_clas
   return kernel == DecodeKernel::kTiles && head_dim_class > 128 ? 1 : 2;
 }
 
-// The work of one call: grid (splits, row_blocks, B * Hkv) and its workspace
-// when splits > 1 (none otherwise): the fp32 partials of the splits, then one
-// arrival counter per (B * Hkv, row block) (SplitPartials, kvcache_kernel.cuh).
+// The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
+// partials of the splits (none when splits == 1).
 struct KvCachePlan {
   int splits = 1;
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
-  size_t o_partial_bytes = 0, lse_partial_bytes = 0, arrival_bytes = 0;
-  size_t lse_offset = 0, arrivals_offset = 0, total = 0;
+  size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 
 template <typename Tag, int kHeadDim>

@@ -89,11 +89,11 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1, else its fp32
-// partials, and the last split block of its rows merges them into out/lse.
+// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
+// else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 template <typename Traits, typename Element>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
-    split_kv_mma_kernel(const KvCacheParams p, const SplitPartials partials) {
+    split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
   constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kRowBytes = Traits::kRowBytes;
   constexpr int kKeyBlocks = Traits::kKeyBlocks, kValueHalves = Traits::kValueHalves;
   constexpr int kRowChunks = Traits::kRowChunks, kStages = Traits::kStages, kSlabKeys = Traits::kSlabKeys;
@@ -111,24 +111,48 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
-  // Startup. The first K/V copies wait on a chain of dependent DRAM reads: the row's cache_seqlens
-  // (cache_batch_idx, leftpad), then its block-table entries when paged; Q waits on nothing but its
-  // own load (rotary aside: the position comes from the row). So Q's loads go out first, into
-  // registers, the kStages - 1 first slabs are issued as soon as the chain allows, and only then is
-  // Q staged and waited for at the barrier. v3b staged Q first: Q's round trip came before the first
-  // K/V request (ncu at B = 1, 4k: three dependent DRAM round trips per block), which a short split
-  // (two 64-key tiles at B = 1, 4k) has no work to hide behind.
-  auto q_row_of = [&](int r) {
-    const int64_t query = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-    return static_cast<const Element*>(p.q) + b * p.q_layout.batch + query * p.q_layout.row + h * p.q_layout.head;
-  };
+  // Q rows, rotated and rounded to the element type (as the cache holds k), zero past D and for
+  // padding rows, staged in fp32 by all threads: each thread's loads are independent, so they
+  // overlap (one lane gathering its fragments element by element took ~25 us per block).
   constexpr int kQPerThread = kRows * kHeadDim / Traits::kThreads;
-  const bool rotary = p.rotary_cos != nullptr;
-  float q_loaded[kQPerThread];  // element tid + k * kThreads of Q (kRows, kHeadDim), without rotary
 #pragma unroll
   for (int k = 0; k < kQPerThread; ++k) {
     const int e = tid + k * Traits::kThreads, r = e / kHeadDim, d = e % kHeadDim;
-    q_loaded[k] = !rotary && r < nrows && d < d_count ? to_float(q_row_of(r)[d]) : 0.0f;
+    float value = 0.0f;
+    if (r < nrows && d < d_count) {
+      const int64_t query = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
+      const Element* q_row = static_cast<const Element*>(p.q) + b * p.q_layout.batch + query * p.q_layout.row +
+                             h * p.q_layout.head;
+      value = p.rotary_cos == nullptr ? to_float(q_row[d])
+                                      : rotated_element(p, q_row, d, query_rotary_position(p, row, query));
+    }
+    q_stage[e] = value;
+  }
+  __syncthreads();
+
+  // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
+  // row g + 8 half. Each of this lane's two rows sees keys [key_lo, key_hi).
+  uint4 q_frag[kKeyBlocks][2];
+  int key_lo[2], key_hi[2], diagonal[2];
+  float slope[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    const int64_t query = (r0 + r) / heads_per_kv;
+    const bool real = r < nrows;
+    key_lo[half] = static_cast<int>(mask.key_begin(query));
+    key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
+    diagonal[half] = static_cast<int>(query + mask.shift);
+    const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
+    slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+#pragma unroll
+    for (int blk = 0; blk < kKeyBlocks; ++blk) {
+      const float* q8 = q_stage + r * kHeadDim + 32 * blk + 8 * t;
+      uint32_t words[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) words[w] = sm80::Pack2<Element>::pack(q8[2 * w], q8[2 * w + 1]);
+      q_frag[blk][half] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
   }
 
   const int64_t i_first = r0 / heads_per_kv, i_last = (r0 + nrows - 1) / heads_per_kv;
@@ -209,11 +233,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o_acc[n][e] = 0.0f;
 
-  // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
-  // row g + 8 half. Each of this lane's two rows sees keys [key_lo, key_hi).
-  uint4 q_frag[kKeyBlocks][2];
-  int key_lo[2], key_hi[2], diagonal[2];
-  float slope[2];
   auto compute = [&](int j0, int stage) {
     const unsigned char* k_rows = stage_of(stage);
     const unsigned char* v_rows = k_rows + kSlabKeys * kRowBytes;
@@ -314,41 +333,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       cp_async_commit();  // empty group: the wait count below stays uniform
     }
   }
-
-  // Q rows, rotated and rounded to the element type (as the cache holds k), zero past D and for
-  // padding rows, staged in fp32 by all threads so that the fragments below can gather them (one
-  // lane gathering its fragments from global memory chained ~64 dependent loads: ~25 us per block).
-#pragma unroll
-  for (int k = 0; k < kQPerThread; ++k) {
-    const int e = tid + k * Traits::kThreads, r = e / kHeadDim, d = e % kHeadDim;
-    float value = q_loaded[k];
-    if (rotary && r < nrows && d < d_count)
-      value = rotated_element(p, q_row_of(r), d, query_rotary_position(p, row, (r0 + r) / heads_per_kv));
-    q_stage[e] = value;
-  }
-  __syncthreads();
-
-  // The Q fragments and the rows' key intervals of `compute`, from the staged rows.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = g + 8 * half;
-    const int64_t query = (r0 + r) / heads_per_kv;
-    const bool real = r < nrows;
-    key_lo[half] = static_cast<int>(mask.key_begin(query));
-    key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
-    diagonal[half] = static_cast<int>(query + mask.shift);
-    const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-    slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
-#pragma unroll
-    for (int blk = 0; blk < kKeyBlocks; ++blk) {
-      const float* q8 = q_stage + r * kHeadDim + 32 * blk + 8 * t;
-      uint32_t words[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) words[w] = sm80::Pack2<Element>::pack(q8[2 * w], q8[2 * w + 1]);
-      q_frag[blk][half] = make_uint4(words[0], words[1], words[2], words[3]);
-    }
-  }
-
   for (int n = 0; n < steps; ++n) {
     __syncwarp();  // every lane is done reading the stage of step n - 1, which the issue below refills
     if (n + kStages - 1 < steps) {
@@ -384,7 +368,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         for (int e = 0; e < 2; ++e) o_row[64 * h + 8 * (2 * t + e) + i] = o_acc[8 * h + i][2 * half + e];
   }
   __syncthreads();
-  merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, partials);
+  merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
+                                                            rows_padded);
 }
 
 }  // namespace flashattn::cuda::decode

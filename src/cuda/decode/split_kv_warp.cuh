@@ -71,11 +71,11 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
   for (int k = 0; k < 8; ++k) out[k] = to_float(e[k]);
 }
 
-// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1, else its fp32
-// partials, and the last split block of its rows merges them into out/lse.
+// Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
+// else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 template <typename Traits, typename Element>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
-    split_kv_warp_kernel(const KvCacheParams p, const SplitPartials partials) {
+    split_kv_warp_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
   constexpr int kRows = Traits::kRows, kUnroll = Traits::kUnroll, kGroups = Traits::kGroups;
   constexpr int kLanesPerKey = Traits::kLanesPerKey, kHeadDim = Traits::kHeadDim;
   extern __shared__ __align__(16) uint4 smem_chunks[];
@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     *reinterpret_cast<float4*>(dst + 4) = make_float4(o[r][4], o[r][5], o[r][6], o[r][7]);
   }
   __syncthreads();
-  merge_and_store<Traits::kStates, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, partials);
+  merge_and_store<Traits::kStates, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
+                                                             rows_padded);
 }
 
 }  // namespace flashattn::cuda::decode
