@@ -279,5 +279,36 @@ TEST(GpuSanitizer, RepresentativeSubset) {
   }
 }
 
+// The persistent sm90 forward under the sanitizers: 280 tiles (more than the
+// SMs of an H200, so CTAs loop and the Q and K/V buffers are reused across
+// tiles), causal with GQA, and varlen with empty sequences. Elsewhere than on
+// Hopper the variable is ignored and this runs the sm80 forward.
+TEST(GpuSanitizer, PersistentForward) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  Case causal;
+  causal.name = "san_persistent_causal_gqa";
+  causal.dtype = FA_DTYPE_BF16;
+  causal.B = 2, causal.H = 70, causal.Hkv = 14, causal.Sq = 130, causal.Sk = 200, causal.D = 64, causal.Dv = 64;
+  causal.causal = true;
+  Case varlen = causal;
+  varlen.name = "san_persistent_varlen";
+  varlen.seqlens_q = {130, 0, 5, 129};
+  varlen.seqlens_k = {129, 3, 0, 200};
+  varlen.B = 4, varlen.H = 40, varlen.Hkv = 40, varlen.Sq = 130, varlen.Sk = 200, varlen.D = 128, varlen.Dv = 128;
+  for (const Case& c : {causal, varlen}) {
+    Problem p = make_problem(c);
+    p.poison_outputs();
+    DeviceMirror mirror(p);
+    const fa_fwd_args fwd = mirror.fwd_args();
+    ASSERT_EQ(fa_fwd(&fwd, nullptr, 0), FA_OK) << c.name << ": " << fa_last_error();
+    FA_CUDA_ASSERT(cudaDeviceSynchronize());
+    mirror.download(p.out);
+    mirror.download(p.lse);
+    EXPECT_TRUE(fully_written("out", p.out)) << c.name;
+    EXPECT_TRUE(fully_written("lse", p.lse)) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace fatest::gpu
