@@ -217,11 +217,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const MaskPolicy mask = tile_mask(params, seq);
     const KeyBlockRange keys = key_block_range<kBlockN>(mask, m0, rows);
     const int n_block_min = keys.first, n_block_max = keys.last;
-    T* o_tile = static_cast<T*>(params.o) + row_offset(params.o_layout, b, seq.q_row0 + m0, h);
-    float* lse_tile = params.lse == nullptr ? nullptr : params.lse + row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
+    // The output rows of the tile, formed where they are written (two 64-bit
+    // pointers held through the key loop cost the hdim-128 causal kernel spills).
+    auto o_rows = [&] { return static_cast<T*>(params.o) + row_offset(params.o_layout, b, seq.q_row0 + m0, h); };
+    auto lse_rows = [&] {
+      return params.lse == nullptr ? nullptr : params.lse + row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
+    };
     const int wg_row_begin = wg * 64, wg_row_end = min(wg * 64 + 64, rows);
 
     if (keys.empty) {  // no row of the tile sees a key: O = 0, LSE = +inf
+      T* o_tile = o_rows();
+      float* lse_tile = lse_rows();
       for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * (dim_v / 8); i += 128) {
         const int row = wg_row_begin + i / (dim_v / 8), col = (i % (dim_v / 8)) * 8;
         *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) = make_uint4(0, 0, 0, 0);
@@ -479,6 +485,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // straight from the accumulators (each quad of threads writes 16
     // contiguous bytes of a row; the quads of a warp fill whole 32-byte sectors
     // over two consecutive n8 groups).
+    T* o_tile = o_rows();
+    float* lse_tile = lse_rows();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = row_sum[r] - row_error[r];
