@@ -6,7 +6,7 @@
 // Two modes, chosen at compile time (kPersistent):
 //   one tile per CTA: grid (m_blocks, heads, batch), m reversed for diagonal
 //     masks (the last query tiles see the most keys, so they start first);
-//   persistent: grid = min(tiles, SMs) (one CTA per SM fits the shared memory),
+//   persistent: grid = min(tiles, SMs) (one CTA per SM fits the register file),
 //     CTA c takes tiles c, c + gridDim.x, c + 2 gridDim.x, ... of FwdTileOrder.
 //     Static striding needs no counter in global memory, so the launch needs no
 //     workspace and replays unchanged in CUDA graphs and on concurrent streams.
