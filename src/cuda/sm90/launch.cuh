@@ -81,7 +81,6 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   auto pick = [&](auto extras_tag, auto persistent_tag) {
     constexpr bool kExtras = decltype(extras_tag)::value, kPersistent = decltype(persistent_tag)::value;
     static_assert(!(kExtras && kPersistent), "softcap / ALiBi run one tile per CTA");
-    constexpr int kDefault = kExtras ? 1 : kPlainSchedule;
     if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES) {
       if constexpr (kPersistent)
         return schedule == 3 ? sm90::fwd_kernel<Traits, false, 3, true> : sm90::fwd_kernel<Traits, false, 2, true>;
@@ -90,10 +89,9 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
                : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2, false>
                                : sm90::fwd_kernel<Traits, kExtras, 3, false>;
     } else {
-      return sm90::fwd_kernel<Traits, kExtras, kDefault, kPersistent>;
+      return sm90::fwd_kernel<Traits, kExtras, kExtras ? 1 : kPlainSchedule, kPersistent>;
     }
   };
-  (void)schedule;  // read only when every schedule is compiled
   if (persistent) {
     int multiprocessors = 0, l2_bytes = 0;
     FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
