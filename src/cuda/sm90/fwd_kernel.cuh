@@ -201,6 +201,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const int g = lane >> 2, t = lane & 3;
   const int row_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
   const int dim_v = static_cast<int>(params.head_dim_v);
+  // Shared-memory addresses of the wgmma operands (sQ: this warpgroup's rows).
+  // Held across the tile loop at hdim <= 128, derived per tile at hdim 256:
+  // so no persistent kernel spills under ptxas 13.0; the other way round the
+  // hdim-128 causal one spilled 28 bytes and the hdim-256 causal one 8 (in
+  // its key-tile loop).
+  struct SmemAddresses {
+    uint32_t q, k, v;
+  };
+  auto operand_addresses = [&] {
+    return SmemAddresses{static_cast<uint32_t>(__cvta_generic_to_shared(sQ)) + wg * 64 * 128,
+                         static_cast<uint32_t>(__cvta_generic_to_shared(sK)),
+                         static_cast<uint32_t>(__cvta_generic_to_shared(sV))};
+  };
+  const SmemAddresses hoisted_addresses = operand_addresses();
   constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
   // Key tiles consumed so far (stage it % 2, phase (it / 2) % 2) and Q tiles
   // so far (phase q_it % 2): both run on across the CTA's tiles, as the producer's.
@@ -240,11 +254,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
     const ScoreTransform transform = make_score_transform(params, b, h);
     const float log2_scale = transform.log2_scale();
-    // Derived per tile rather than held across the tile loop: at hdim 256 two
-    // more registers live through the loop cost the persistent kernel a spill.
-    const uint32_t sQ_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sQ)) + wg * 64 * 128;
-    const uint32_t sK_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK));
-    const uint32_t sV_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV));
+    const SmemAddresses smem_addresses = kHeadDim <= 128 ? hoisted_addresses : operand_addresses();
+    const uint32_t sQ_addr = smem_addresses.q, sK_addr = smem_addresses.k, sV_addr = smem_addresses.v;
     float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
 #pragma unroll
     for (int c = 0; c < kOChunks; ++c)
