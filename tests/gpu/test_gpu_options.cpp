@@ -230,6 +230,54 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   cudaStreamDestroy(stream);
 }
 
+// The persistent sm90 forward in a CUDA graph: its tile order is static (no
+// counter to reset between launches), so a captured launch replays to the
+// same bytes as the eager call, twice. On other GPUs this runs the sm80 forward.
+TEST(GpuGraph, PersistentForwardReplaysEager) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  Case c;
+  c.name = "graph_persistent_bf16";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 2, c.H = 80, c.Hkv = 20, c.Sq = 300, c.Sk = 300, c.D = 128, c.Dv = 128;  // 480 tiles
+  c.causal = true;
+  Problem p = make_problem(c);
+  DeviceMirror mirror(p);
+  cudaStream_t stream = nullptr;
+  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa_fwd_args fwd = mirror.fwd_args();
+  fwd.opts.stream = stream;
+  ASSERT_EQ(fa_fwd(&fwd, nullptr, 0), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  mirror.download(p.out);
+  mirror.download(p.lse);
+  const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes();
+
+  cudaGraph_t graph = nullptr;
+  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fa_status status = fa_fwd(&fwd, nullptr, 0);
+  const std::string message = fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(status, FA_OK) << message;
+  cudaGraphExec_t exec = nullptr;
+  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    p.out.poison();
+    p.lse.poison();
+    mirror.upload(p.out);
+    mirror.upload(p.lse);
+    FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download(p.out);
+    mirror.download(p.lse);
+    EXPECT_TRUE(p.out.bytes() == out) << "replay " << replay;
+    EXPECT_TRUE(p.lse.bytes() == lse) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // Small problems for compute-sanitizer memcheck / racecheck: causal, varlen
 // with empty sequences, GQA, dropout, softcap + ALiBi, forward and backward
 // (default and deterministic).
