@@ -13,6 +13,8 @@
 # `ninja flashattn test_gpu test_gpu_sm90 2>&1 | tee DIR/build.log`) and skip the build.
 # FA_STAGES="build sass primitives smoke bench test sanitize"; FA_BENCH_ARGS; FA_SMOKE_TIMEOUT;
 # FA_SMOKE_SCHEDULES (default "v2 v3"); FA_BENCH_SCHEDULES (default: those whose smoke passed).
+# Persistent sm90 forward: its tests run in the smoke stage (FA_PERSISTENT_TIMEOUT, default 60 s);
+# A/B timing with FA_BENCH_ARGS="--sm90-persistent-ab" (columns tile / persistent; raise FA_BENCH_TIMEOUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fa_out}
@@ -99,6 +101,14 @@ if has_stage smoke; then
       BENCH_SCHEDULES="$BENCH_SCHEDULES $schedule"
   done
   export FA_BENCH_SCHEDULES=${FA_BENCH_SCHEDULES-$BENCH_SCHEDULES}
+  # The persistent forward (FLASHATTN_SM90_PERSISTENT=1, set by these tests themselves): the shared
+  # cases, the many-tile cases and the path / bit-identity checks against one tile per CTA.
+  run_tests fwd_persistent '*GpuForwardPersistent.*:GpuKernelPath.*' "${FA_PERSISTENT_TIMEOUT:-60}"
+  status=$?
+  if [ $status -eq 124 ] || [ $status -ge 128 ]; then  # a hang or crash: no persistent columns in the benchmark
+    FA_BENCH_ARGS=${FA_BENCH_ARGS:-}
+    FA_BENCH_ARGS=${FA_BENCH_ARGS//--sm90-persistent-ab/}
+  fi
 fi
 
 if has_stage bench && [ $smoke_ok -eq 1 ]; then
@@ -113,7 +123,7 @@ if has_stage bench && [ $smoke_ok -eq 1 ]; then
 fi
 
 if has_stage test; then  # the rest of the GPU suite (backward, determinism: sm80 kernels)
-  run_tests rest '-SlowCases*:Cases/GpuForward.*:GpuKernelPath.*:GpuGraph.*:GpuDropout.*:GpuBadInput.*' \
+  run_tests rest '-SlowCases*:Cases/GpuForward.*:*GpuForwardPersistent.*:GpuKernelPath.*:GpuGraph.*:GpuDropout.*:GpuBadInput.*' \
     "${FA_TEST_TIMEOUT:-25}"
 fi
 

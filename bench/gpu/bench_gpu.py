@@ -8,6 +8,9 @@ N=262144 checked on sampled rows (2x rule), and the bf16 8192^3 matmul rate.
 
 usage: python3 bench/gpu/bench_gpu.py --out DIR [--quick]
        python3 bench/gpu/bench_gpu.py --out DIR --fwd-only   (forward: default path, forced sm80, FA2, cuDNN)
+       python3 bench/gpu/bench_gpu.py --out DIR --fwd-only --sm90-persistent-ab [--dtypes bf16] [--lengths 1024,4096]
+           (adds columns "tile" and "persistent": the sm90 forward with FLASHATTN_SM90_PERSISTENT=0 and =1,
+            timed in the same process on the same inputs)
 """
 import argparse
 import ctypes
@@ -183,6 +186,7 @@ def bench_forward(fa, dtypes, dims, lengths, results, log):
                     f = flops(B, H, N, D, causal, "fwd")
                     for name, env in VARIANTS.items():  # our variants, chosen per call by environment variables
                         os.environ.update(env)
+                        row["path" + name[4:]] = kernel_path(fa, ours.fwd_args)  # which kernel the variant ran
                         ours.out.fill_(float("nan"))
                         ours.fwd()
                         row["max_diff_vs_fa2" + name[4:]] = (ours.out.float() - ref.float()).abs().max().item()
@@ -312,7 +316,14 @@ def main():
     parser.add_argument("--label", default="ours", help="name of this library in the table")
     parser.add_argument("--fwd-only", action="store_true",
                         help="forward table only, N = 1k, 4k, 8k, 16k: ours (and forced sm80) vs FA2 vs cuDNN")
+    parser.add_argument("--lengths", default="1024,4096,8192,16384", help="sequence lengths of --fwd-only")
+    parser.add_argument("--sm90-persistent-ab", action="store_true",
+                        help="--fwd-only: also time our forward with FLASHATTN_SM90_PERSISTENT=0 (one tile per CTA) "
+                             "and =1 (persistent), columns 'tile' and 'persistent'")
     args = parser.parse_args()
+    if args.sm90_persistent_ab:
+        VARIANTS["ours_tile"] = {"FLASHATTN_SM90_PERSISTENT": "0"}
+        VARIANTS["ours_persistent"] = {"FLASHATTN_SM90_PERSISTENT": "1"}
     fa = FlashAttn()
     assert fa.lib.fa_has_cuda() == 1, "libflashattn.so was built without CUDA"
     results = []
@@ -323,7 +334,7 @@ def main():
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes.split(",")]
     dims = [int(d) for d in args.dims.split(",")]
     if args.fwd_only:
-        bench_forward(fa, dtypes, dims, [1024, 4096, 8192, 16384], results, log)
+        bench_forward(fa, dtypes, dims, [int(n) for n in args.lengths.split(",")], results, log)
         summary["results"] = results
         with open(os.path.join(args.out, "bench_gpu_fwd.json"), "w") as f:
             json.dump(summary, f, indent=1)

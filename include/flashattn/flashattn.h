@@ -181,8 +181,10 @@ FA_API int32_t fa_has_cuda(void);
 FA_API const char* fa_version(void);
 
 /* The forward kernel family fa_fwd would run for these arguments: "cpu",
- * "cuda-sm80" (FlashAttention-2, mma.sync) or "cuda-sm90" (Hopper: TMA, wgmma,
- * warp specialization; compute capability 9.0, everything but dropout).
+ * "cuda-sm80" (FlashAttention-2, mma.sync), "cuda-sm90" (Hopper: TMA, wgmma,
+ * warp specialization; compute capability 9.0, everything but dropout) or
+ * "cuda-sm90-persistent" (the same kernel with one CTA per SM looping over
+ * tiles; without softcap and ALiBi, chosen by FLASHATTN_SM90_PERSISTENT=1).
  * NULL when the arguments are invalid (fa_last_error() says why). Setting the
  * environment variable FLASHATTN_CUDA_FWD=sm80 forces the sm80 family. */
 FA_API const char* fa_fwd_kernel_path(const fa_fwd_args* args);

@@ -211,8 +211,50 @@ fa_status dispatch_sm90_bwd_head_dim(int head_dim_class_value, Fn&& fn) {
 
 }  // namespace
 
+int sm90_schedule_override() {
+  const char* name = std::getenv("FLASHATTN_SM90_SCHEDULE");
+  if (name != nullptr && name[0] == 'v' && name[1] >= '1' && name[1] <= '3' && name[2] == '\0') return name[1] - '0';
+  return 0;
+}
+
+// The persistent sm90 forward (one CTA per SM looping over tiles, K/V pipeline
+// running on across tiles, src/cuda/sm90/tile_scheduler.cuh) is built for the
+// plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
+// per CTA. Not the default anywhere yet: it has not run on a GPU at the time
+// of writing (dev/sm90_log.md, "persistent scheduler"); FLASHATTN_SM90_PERSISTENT=1
+// turns it on per call, =0 off, for A/B in one process.
+constexpr bool kSm90PersistentByDefault = false;
+
+bool sm90_forward_persistent(const FwdParams& params) {
+  if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
+  const int64_t m_blocks = (params.seqlen_q + kSm90FwdBlockM - 1) / kSm90FwdBlockM;
+  if (m_blocks * params.heads * params.batch > INT32_MAX) return false;  // tile numbers are 32-bit
+  const char* forced = std::getenv("FLASHATTN_SM90_PERSISTENT");
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  return kSm90PersistentByDefault;
+}
+
+fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes) {
+  static std::atomic<int> cached_sms[64], cached_l2[64];
+  if (device_index < 0 || device_index >= 64)
+    return fail(FA_ERROR_BACKEND, "CUDA: device index %d out of range", device_index);
+  int sms = cached_sms[device_index].load(std::memory_order_acquire);  // published after l2
+  int l2 = cached_l2[device_index].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_index));
+    cached_l2[device_index].store(l2, std::memory_order_relaxed);
+    cached_sms[device_index].store(sms, std::memory_order_release);
+  }
+  *multiprocessors = sms;
+  *l2_bytes = l2;
+  return FA_OK;
+}
+
 const char* fwd_kernel_path(const FwdParams& params) {
-  return use_sm90_forward(params) ? "cuda-sm90" : "cuda-sm80";
+  if (!use_sm90_forward(params)) return "cuda-sm80";
+  return sm90_forward_persistent(params) ? "cuda-sm90-persistent" : "cuda-sm90";
 }
 
 const char* bwd_kernel_path(const BwdParams& params) {

@@ -45,6 +45,16 @@ fa_status run_fwd(const FwdParams& params, cudaStream_t stream);
 // Hopper forward (sm_90a, src/cuda/sm90/): head-dim classes 64, 128, 256.
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
+// Its query tile (rows per CTA tile), which numbers the persistent kernel's tiles.
+constexpr int kSm90FwdBlockM = 128;
+// FLASHATTN_SM90_SCHEDULE=v1|v2|v3 as 1, 2, 3; 0 when unset or anything else.
+int sm90_schedule_override();
+// Whether the sm90 forward of params runs the persistent kernel
+// (FLASHATTN_SM90_PERSISTENT=0|1, else the default; never for softcap/ALiBi
+// or schedule v1). The launcher and fa_fwd_kernel_path both ask this.
+bool sm90_forward_persistent(const FwdParams& params);
+// Multiprocessor count and L2 size in bytes of a device (cached after the first query).
+fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes);
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);

@@ -86,6 +86,21 @@ fa_bwd_args DeviceMirror::bwd_args() const {
   return a;
 }
 
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* previous = std::getenv(name)) {
+    previous_ = previous;
+    had_previous_ = true;
+  }
+  setenv(name, value, 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_previous_)
+    setenv(name_.c_str(), previous_.c_str(), 1);
+  else
+    unsetenv(name_.c_str());
+}
+
 std::vector<Case> gpu_cases(const std::vector<Case>& cases) {
   std::vector<Case> out;
   for (Case c : cases) {
@@ -96,6 +111,60 @@ std::vector<Case> gpu_cases(const std::vector<Case>& cases) {
     out.push_back(c);
   }
   return out;
+}
+
+int compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return 0;
+  return major * 10 + minor;
+}
+
+std::vector<Case> many_tile_cases() {
+  auto make = [](const char* name, fa_dtype dtype, int64_t B, int64_t H, int64_t Hkv, int64_t Sq, int64_t Sk,
+                 int64_t D, int64_t Dv) {
+    Case c;
+    c.name = name;
+    c.dtype = dtype;
+    c.B = B, c.H = H, c.Hkv = Hkv, c.Sq = Sq, c.Sk = Sk, c.D = D, c.Dv = Dv;
+    return c;
+  };
+  std::vector<Case> cases;
+  // Sizes: 272-320 tiles each (two or three per CTA on 132 SMs) at under a
+  // billion multiply-adds, so the fp64 reference stays in seconds.
+  // 3 query tiles x 96 (sequence, head) pairs = 288 tiles.
+  Case causal_gqa = make("many_tiles_causal_gqa_bf16_hdim64", FA_DTYPE_BF16, 2, 48, 12, 257, 257, 64, 64);
+  causal_gqa.causal = true;
+  cases.push_back(causal_gqa);
+  // 2 x 144 = 288 tiles, non-causal, keys not a multiple of the key tile.
+  cases.push_back(make("many_tiles_dense_fp16_hdim128", FA_DTYPE_FP16, 2, 72, 72, 130, 150, 128, 128));
+  // Top-left causal with fewer queries than keys: 2 x 144 = 288 tiles.
+  Case top_left = make("many_tiles_causal_top_left_bf16_hdim128", FA_DTYPE_BF16, 2, 72, 18, 130, 150, 128, 128);
+  top_left.causal = true;
+  top_left.align = FA_ALIGN_TOP_LEFT;
+  cases.push_back(top_left);
+  // Bottom-right causal with 520 queries and 200 keys: rows below 320 see no
+  // key, so query tiles 0 and 1 of every pair have no key tile at all (O = 0,
+  // LSE = +inf) and tile 2 is partly empty: 5 x 64 = 320 tiles.
+  Case no_keys = make("many_tiles_causal_no_key_tiles_fp16_hdim64", FA_DTYPE_FP16, 2, 32, 32, 520, 200, 64, 64);
+  no_keys.causal = true;
+  cases.push_back(no_keys);
+  // Sliding window, D = 192 and Dv = 128 (the 256 class): 2 x 136 = 272 tiles.
+  Case window = make("many_tiles_window_dv_fp16_hdim192", FA_DTYPE_FP16, 1, 136, 136, 140, 140, 192, 128);
+  window.window_left = 64;
+  window.window_right = 16;
+  cases.push_back(window);
+  // Varlen with empty sequences (and queries without keys): 4 x 8 x 10 = 320 tiles.
+  Case varlen = make("many_tiles_varlen_causal_empty_bf16_hdim128", FA_DTYPE_BF16, 8, 10, 2, 0, 0, 128, 128);
+  varlen.seqlens_q = {300, 0, 129, 1, 0, 256, 77, 400};
+  varlen.seqlens_k = {300, 5, 0, 1, 0, 256, 500, 400};
+  varlen.Sq = 400;
+  varlen.Sk = 500;
+  varlen.causal = true;
+  cases.push_back(varlen);
+  return cases;
 }
 
 }  // namespace fatest::gpu

@@ -61,8 +61,32 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
+// Sets an environment variable for the scope (the library reads its
+// FLASHATTN_* switches per call) and restores the previous value on exit.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, previous_;
+  bool had_previous_ = false;
+};
+
 // The cases of the shared list as the GPU runs them: fp32 cases become bf16
 // (the CUDA backend serves fp16 and bf16), so every shape and option runs.
 std::vector<Case> gpu_cases(const std::vector<Case>& cases);
+
+// Compute capability (major * 10 + minor) of the current device, 0 without one.
+int compute_capability();
+
+// Problems of many more (128-row query tile, head, sequence) tiles than an
+// H200 has SMs (132), so the CTAs of the persistent sm90 forward loop: causal
+// both alignments (with query tiles that see no key), GQA, sliding window with
+// Dv != D, dense non-causal, varlen with empty sequences, fp16 and bf16, every
+// head-dim class.
+std::vector<Case> many_tile_cases();
 
 }  // namespace fatest::gpu

@@ -50,13 +50,13 @@ void run_backward(DeviceMirror& mirror, Problem& p, bool deterministic) {
 class GpuForward : public ::testing::TestWithParam<Case> {};
 class GpuBackward : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GpuForward, MatchesReference) {
-  FA_GPU_TEST_OR_SKIP();
-  Problem p = make_problem(GetParam());
+// The forward of one case against the reference, and bit-identical O without LSE.
+void check_forward(const Case& c) {
+  Problem p = make_problem(c);
   p.poison_outputs();
   DeviceMirror mirror(p);
   run_forward(mirror, p);
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   ASSERT_TRUE(fully_written("out", p.out));
   ASSERT_TRUE(fully_written("lse", p.lse));
 
@@ -72,6 +72,22 @@ TEST_P(GpuForward, MatchesReference) {
   FA_CUDA_ASSERT(cudaDeviceSynchronize());
   mirror.download(p.out);
   EXPECT_TRUE(p.out.bytes() == first_out) << "O changed when LSE was not requested";
+}
+
+TEST_P(GpuForward, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  check_forward(GetParam());
+}
+
+// The same cases with the persistent sm90 forward asked for (FLASHATTN_SM90_PERSISTENT=1):
+// on Hopper every case without softcap / ALiBi / dropout runs it (GpuKernelPath
+// checks which path that is); elsewhere this repeats GpuForward.
+class GpuForwardPersistent : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuForwardPersistent, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  check_forward(GetParam());
 }
 
 TEST_P(GpuBackward, MatchesReference) {
@@ -104,6 +120,8 @@ TEST_P(GpuBackward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuForward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
+INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardPersistent, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
+INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardPersistent, ::testing::ValuesIn(many_tile_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 

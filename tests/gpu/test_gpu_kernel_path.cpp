@@ -22,14 +22,6 @@
 namespace fatest::gpu {
 namespace {
 
-int compute_capability() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
-}
-
 int64_t total_keys(const Case& c) {
   if (c.varlen()) return std::accumulate(c.seqlens_k.begin(), c.seqlens_k.end(), int64_t(0));
   return c.B * c.Sk;
@@ -52,8 +44,13 @@ TEST(GpuKernelPath, SharedCasesRunSm90OnHopperDropoutFallsBack) {
     const char* path = fa_fwd_kernel_path(&args);
     ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
     const bool expect_sm90 = hopper && c.dropout == 0.0f && total_keys(c) > 0 && total_queries(c) > 0;
-    EXPECT_STREQ(path, expect_sm90 ? "cuda-sm90" : "cuda-sm80") << c.name;
-    (std::string(path) == "cuda-sm90" ? sm90 : sm80) += 1;
+    if (expect_sm90) {  // one tile per CTA or persistent (FLASHATTN_SM90_PERSISTENT; see the tests below)
+      EXPECT_TRUE(std::string(path) == "cuda-sm90" || std::string(path) == "cuda-sm90-persistent")
+          << c.name << ": " << path;
+    } else {
+      EXPECT_STREQ(path, "cuda-sm80") << c.name;
+    }
+    (std::string(path) == "cuda-sm80" ? sm80 : sm90) += 1;
     dropout_cases += c.dropout > 0.0f;
   }
   std::printf("forward kernel path over the shared case list: %d cuda-sm90, %d cuda-sm80 (%d dropout cases)\n", sm90,
@@ -61,6 +58,80 @@ TEST(GpuKernelPath, SharedCasesRunSm90OnHopperDropoutFallsBack) {
   if (hopper) {
     EXPECT_GT(sm90, 0);
     EXPECT_GT(dropout_cases, 0) << "the case list should exercise the dropout fallback";
+  }
+}
+
+// FLASHATTN_SM90_PERSISTENT=1 selects the persistent sm90 forward for every
+// shared case the sm90 path serves, except softcap and ALiBi (their kernels
+// run schedule v1, one tile per CTA); =0 selects one tile per CTA.
+TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
+  FA_GPU_TEST_OR_SKIP();
+  const char* forced = std::getenv("FLASHATTN_CUDA_FWD");
+  if (forced != nullptr && std::string(forced) == "sm80") GTEST_SKIP() << "FLASHATTN_CUDA_FWD=sm80 forces the sm80 path";
+  const char* schedule = std::getenv("FLASHATTN_SM90_SCHEDULE");
+  const bool schedule_v1 = schedule != nullptr && std::string(schedule) == "v1";
+  if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
+  int persistent = 0;
+  for (const Case& c : gpu_cases(fast_cases())) {
+    Problem p = make_problem(c);
+    DeviceMirror mirror(p);
+    const fa_fwd_args args = mirror.fwd_args();
+    const bool sm90 = c.dropout == 0.0f && total_keys(c) > 0 && total_queries(c) > 0;
+    const bool extras = c.softcap > 0.0f || c.alibi != Alibi::kNone;
+    {
+      const ScopedEnv on("FLASHATTN_SM90_PERSISTENT", "1");
+      const char* path = fa_fwd_kernel_path(&args);
+      ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
+      const char* expected = !sm90 ? "cuda-sm80" : extras || schedule_v1 ? "cuda-sm90" : "cuda-sm90-persistent";
+      EXPECT_STREQ(path, expected) << c.name;
+      persistent += std::string(path) == "cuda-sm90-persistent";
+    }
+    const ScopedEnv off("FLASHATTN_SM90_PERSISTENT", "0");
+    const char* path = fa_fwd_kernel_path(&args);
+    ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
+    EXPECT_STREQ(path, sm90 ? "cuda-sm90" : "cuda-sm80") << c.name;
+  }
+  std::printf("shared cases on the persistent sm90 forward with FLASHATTN_SM90_PERSISTENT=1: %d\n", persistent);
+  if (!schedule_v1) {
+    EXPECT_GT(persistent, 0);
+  }
+}
+
+// The persistent forward computes every tile exactly as one tile per CTA does
+// (same GEMMs, same order of key tiles, same rounding); only who runs the tile
+// and how O reaches memory differ. So O and LSE must be bit-identical, on
+// problems of many more tiles than SMs (the CTAs loop).
+TEST(GpuKernelPath, PersistentForwardBitIdenticalToOneTilePerCta) {
+  FA_GPU_TEST_OR_SKIP();
+  if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
+  const char* forced = std::getenv("FLASHATTN_CUDA_FWD");
+  if (forced != nullptr && std::string(forced) == "sm80") GTEST_SKIP() << "FLASHATTN_CUDA_FWD=sm80 forces the sm80 path";
+  const char* schedule = std::getenv("FLASHATTN_SM90_SCHEDULE");
+  if (schedule != nullptr && std::string(schedule) == "v1") GTEST_SKIP() << "schedule v1 has no persistent kernel";
+  for (const Case& c : many_tile_cases()) {
+    Problem p = make_problem(c);
+    p.poison_outputs();
+    DeviceMirror mirror(p);
+    const fa_fwd_args args = mirror.fwd_args();
+    std::vector<unsigned char> out[2], lse[2];
+    for (int persistent = 0; persistent < 2; ++persistent) {
+      const ScopedEnv env("FLASHATTN_SM90_PERSISTENT", persistent ? "1" : "0");
+      const char* path = fa_fwd_kernel_path(&args);
+      ASSERT_NE(path, nullptr) << c.name << ": " << fa_last_error();
+      EXPECT_STREQ(path, persistent ? "cuda-sm90-persistent" : "cuda-sm90") << c.name;
+      p.out.poison();
+      p.lse.poison();
+      mirror.upload(p.out);
+      mirror.upload(p.lse);
+      ASSERT_EQ(fa_fwd(&args, nullptr, 0), FA_OK) << c.name << ": " << fa_last_error();
+      FA_CUDA_ASSERT(cudaDeviceSynchronize());
+      mirror.download(p.out);
+      mirror.download(p.lse);
+      out[persistent] = p.out.bytes();
+      lse[persistent] = p.lse.bytes();
+    }
+    EXPECT_TRUE(out[0] == out[1]) << c.name << ": O differs between the persistent and the one-tile-per-CTA forward";
+    EXPECT_TRUE(lse[0] == lse[1]) << c.name << ": LSE differs between the persistent and the one-tile-per-CTA forward";
   }
 }
 

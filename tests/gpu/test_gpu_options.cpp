@@ -230,6 +230,54 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   cudaStreamDestroy(stream);
 }
 
+// The persistent sm90 forward in a CUDA graph: its tile order is static (no
+// counter to reset between launches), so a captured launch replays to the
+// same bytes as the eager call, twice. On other GPUs this runs the sm80 forward.
+TEST(GpuGraph, PersistentForwardReplaysEager) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  Case c;
+  c.name = "graph_persistent_bf16";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 2, c.H = 80, c.Hkv = 20, c.Sq = 300, c.Sk = 300, c.D = 128, c.Dv = 128;  // 480 tiles
+  c.causal = true;
+  Problem p = make_problem(c);
+  DeviceMirror mirror(p);
+  cudaStream_t stream = nullptr;
+  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa_fwd_args fwd = mirror.fwd_args();
+  fwd.opts.stream = stream;
+  ASSERT_EQ(fa_fwd(&fwd, nullptr, 0), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  mirror.download(p.out);
+  mirror.download(p.lse);
+  const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes();
+
+  cudaGraph_t graph = nullptr;
+  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fa_status status = fa_fwd(&fwd, nullptr, 0);
+  const std::string message = fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(status, FA_OK) << message;
+  cudaGraphExec_t exec = nullptr;
+  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    p.out.poison();
+    p.lse.poison();
+    mirror.upload(p.out);
+    mirror.upload(p.lse);
+    FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download(p.out);
+    mirror.download(p.lse);
+    EXPECT_TRUE(p.out.bytes() == out) << "replay " << replay;
+    EXPECT_TRUE(p.lse.bytes() == lse) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // Small problems for compute-sanitizer memcheck / racecheck: causal, varlen
 // with empty sequences, GQA, head dim 256, dropout, softcap + ALiBi, forward
 // and backward (default and deterministic).
@@ -281,6 +329,37 @@ TEST(GpuSanitizer, RepresentativeSubset) {
     mirror.download(p.dq);
     EXPECT_TRUE(fully_written("out", p.out)) << c.name;
     EXPECT_TRUE(fully_written("dq", p.dq)) << c.name;
+  }
+}
+
+// The persistent sm90 forward under the sanitizers: 280 tiles (more than the
+// SMs of an H200, so CTAs loop and the Q and K/V buffers are reused across
+// tiles), causal with GQA, and varlen with empty sequences. Elsewhere than on
+// Hopper the variable is ignored and this runs the sm80 forward.
+TEST(GpuSanitizer, PersistentForward) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  Case causal;
+  causal.name = "san_persistent_causal_gqa";
+  causal.dtype = FA_DTYPE_BF16;
+  causal.B = 2, causal.H = 70, causal.Hkv = 14, causal.Sq = 130, causal.Sk = 200, causal.D = 64, causal.Dv = 64;
+  causal.causal = true;
+  Case varlen = causal;
+  varlen.name = "san_persistent_varlen";
+  varlen.seqlens_q = {130, 0, 5, 129};
+  varlen.seqlens_k = {129, 3, 0, 200};
+  varlen.B = 4, varlen.H = 40, varlen.Hkv = 40, varlen.Sq = 130, varlen.Sk = 200, varlen.D = 128, varlen.Dv = 128;
+  for (const Case& c : {causal, varlen}) {
+    Problem p = make_problem(c);
+    p.poison_outputs();
+    DeviceMirror mirror(p);
+    const fa_fwd_args fwd = mirror.fwd_args();
+    ASSERT_EQ(fa_fwd(&fwd, nullptr, 0), FA_OK) << c.name << ": " << fa_last_error();
+    FA_CUDA_ASSERT(cudaDeviceSynchronize());
+    mirror.download(p.out);
+    mirror.download(p.lse);
+    EXPECT_TRUE(fully_written("out", p.out)) << c.name;
+    EXPECT_TRUE(fully_written("lse", p.lse)) << c.name;
   }
 }
 

@@ -1,9 +1,13 @@
 // FlashAttention forward for sm_90a: TMA loads, wgmma, warp specialization.
 //
-// One CTA per (128-row query tile, head, sequence), three warpgroups:
-//   warpgroup 0 (producer): one thread issues the TMA loads of Q once and of
-//     K and V tile by tile into two stages each, completing on mbarriers; it
-//     gives its registers away (setmaxnreg) and waits for nothing but free stages;
+// A CTA works on (128-row query tile, head, sequence) tiles: one per CTA, or,
+// persistent, a sequence of them (tile_scheduler.cuh). Three warpgroups:
+//   warpgroup 0 (producer): one thread issues the TMA loads of each tile's Q
+//     and of its K and V tiles into two stages each, completing on mbarriers;
+//     it gives its registers away (setmaxnreg) and waits for nothing but free
+//     buffers. The K/V stage and phase counters run on across tiles, and Q has
+//     its own full/empty pair, so the next tile's loads start while the
+//     consumers finish the current one;
 //   warpgroups 1, 2 (consumers): 64 query rows each. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), release K; mask, online
 //     softmax in the accumulator registers; P converts to A fragments in
@@ -17,6 +21,7 @@
 #include <cuda/ptx>
 
 #include "cuda/sm80/kernel_traits.cuh"  // SequenceBounds, ScoreTransform, exp2_approx, Pack2
+#include "cuda/sm90/tile_scheduler.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn::sm90 {
@@ -52,17 +57,19 @@ struct FwdTraits {
   static_assert(kHeadDim % 64 == 0, "column blocks of 64 elements");
 };
 
-// The kernel's argument block: the tensor maps (64-byte aligned, first) and
-// the flat params. Q and O rows are (col, row, head, batch) maps with boxes of
-// (64, kBlockM); K and V (64, kBlockN). Varlen maps have batch extent 1.
+// The kernel's argument block: the tensor maps (64-byte aligned, first), the
+// flat params and the persistent tile order. Q and O rows are (col, row, head,
+// batch) maps with boxes of (64, kBlockM); K and V (64, kBlockN). Varlen maps
+// have batch extent 1.
 struct FwdKernelArgs {
   CUtensorMap tma_q, tma_k, tma_v;
   FwdParams params;
+  FwdTileOrder order;  // the persistent kernels' tile order; group in every kernel
 };
 
 // Shared-memory bookkeeping: barrier slots after the tiles.
 struct Barriers {
-  uint64_t q_full;
+  uint64_t q_full, q_empty;
   uint64_t k_full[2], k_empty[2];
   uint64_t v_full[2], v_empty[2];
 };
@@ -89,37 +96,51 @@ FA_HOST_DEVICE int swizzled_offset(int rows, int row, int col) {
   return (col >> 6) * rows * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + (col & 7) * 2;
 }
 
-template <class Traits>
+// Thread 0 of the producer warpgroup: the TMA loads of every tile of the
+// CTA with keys. kv_it counts the key tiles loaded so far (stage kv_it % 2),
+// q_it the Q tiles: both run on across tiles, as the consumers' counters do.
+template <class Traits, class Scheduler>
 __device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, uint8_t* sK, uint8_t* sV,
-                                        Barriers* bars, const SequenceBounds& seq, int m0, int h, int h_kv, int b,
-                                        int n_block_min, int n_block_max) {
+                                        Barriers* bars) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  const int batch = args.params.is_varlen ? 0 : b;
-  ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
-                                       &bars->q_full, Traits::kQBytes);
-#pragma unroll
-  for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-    tma_load(sQ + cb * kBlockM * 128, &args.tma_q, cb * 64, static_cast<int>(seq.q_row0) + m0, h, batch,
-             &bars->q_full);
-  int it = 0;
-  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block, ++it) {
-    const int stage = it & 1;
-    const uint32_t parity = ((it >> 1) & 1) ^ 1;  // the release of iteration it - 2
-    const int row = static_cast<int>(seq.k_row0) + n_block * kBlockN;
-    if (it >= 2) wait_barrier(&bars->k_empty[stage], parity);
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
-                                         &bars->k_full[stage], Traits::kKVBytes);
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-      tma_load(sK + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_k, cb * 64, row, h_kv, batch,
-               &bars->k_full[stage]);
-    if (it >= 2) wait_barrier(&bars->v_empty[stage], parity);
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
-                                         &bars->v_full[stage], Traits::kKVBytes);
+  int kv_it = 0, q_it = 0;
+  for (int t = Scheduler::first(); Scheduler::valid(args.order, t); t = Scheduler::next(t)) {
+    const FwdTile tile = Scheduler::tile(args.order, t);
+    const SequenceBounds seq = sequence_bounds(args.params, tile.b);
+    const int m0 = tile.m_block * kBlockM;
+    if (m0 >= seq.len_q) continue;
+    const KeyBlockRange keys = key_block_range<kBlockN>(tile_mask(args.params, seq), m0, min(kBlockM, seq.len_q - m0));
+    if (keys.empty) continue;
+    const int batch = args.params.is_varlen ? 0 : tile.b;
+    const int h_kv = tile.h / args.order.group;
+    // The consumers release Q after the last S GEMM of the previous tile.
+    if (q_it > 0) wait_barrier(&bars->q_empty, (q_it - 1) & 1);
+    ++q_it;
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, &bars->q_full, Traits::kQBytes);
 #pragma unroll
     for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-      tma_load(sV + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_v, cb * 64, row, h_kv, batch,
-               &bars->v_full[stage]);
+      tma_load(sQ + cb * kBlockM * 128, &args.tma_q, cb * 64, static_cast<int>(seq.q_row0) + m0, tile.h, batch,
+               &bars->q_full);
+    for (int n_block = keys.last - 1; n_block >= keys.first; --n_block, ++kv_it) {
+      const int stage = kv_it & 1;
+      const uint32_t parity = ((kv_it >> 1) & 1) ^ 1;  // the release of iteration kv_it - 2
+      const int row = static_cast<int>(seq.k_row0) + n_block * kBlockN;
+      if (kv_it >= 2) wait_barrier(&bars->k_empty[stage], parity);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, &bars->k_full[stage], Traits::kKVBytes);
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+        tma_load(sK + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_k, cb * 64, row, h_kv, batch,
+                 &bars->k_full[stage]);
+      if (kv_it >= 2) wait_barrier(&bars->v_empty[stage], parity);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, &bars->v_full[stage], Traits::kKVBytes);
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+        tma_load(sV + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_v, cb * 64, row, h_kv, batch,
+                 &bars->v_full[stage]);
+    }
   }
 }
 
@@ -128,9 +149,13 @@ __device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, 
 // 2 = the softmax of tile j overlaps the P V of tile j - 1; 3 = 2 plus
 // ping-pong: the two warpgroups take turns issuing their GEMMs (named
 // barriers), so one's softmax runs while the other's GEMMs occupy the tensor cores.
-template <class Traits, bool kExtras, int kSchedule>
+// kPersistent: the CTA loops over tiles (tile_scheduler.cuh); the launcher
+// builds it for the plain kernels under schedules 2 and 3 only (softcap and
+// ALiBi run v1, which stays one tile per CTA).
+template <class Traits, bool kExtras, int kSchedule, bool kPersistent>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   using T = typename Traits::T;
+  using Scheduler = FwdTileScheduler<kPersistent, Traits::kMaskDiagonal>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kNTilesS = kBlockN / 8;  // n8 column groups of S per thread row
   constexpr int kNO = Traits::kNO, kOChunks = Traits::kOChunks;
@@ -144,28 +169,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   uint8_t* sV = sK + Traits::kStages * Traits::kKVBytes;   // kStages x kColBlocks x (kBlockN, 64)
   Barriers* bars = reinterpret_cast<Barriers*>(sV + Traits::kStages * Traits::kKVBytes);
 
-  // Causal and window tiles: the last query tiles see the most keys, run them first.
-  const int m_block = Traits::kMaskDiagonal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
-  const SequenceBounds seq = sequence_bounds(params, b);
-  const int m0 = m_block * kBlockM;
-  if (m0 >= seq.len_q) return;  // the whole CTA leaves before any barrier exists
-  const int rows = min(kBlockM, seq.len_q - m0);
-  const int h_kv = static_cast<int>(h / (params.heads / params.heads_kv));
-  const MaskPolicy mask =
-      MaskPolicy::make(seq.len_q, seq.len_k, params.align_bottom_right, params.window_left, params.window_right);
-  const int64_t key_begin = mask.key_begin(m0), key_end = mask.key_end(m0 + rows);
-  const bool no_keys = key_end <= key_begin;
-  const int n_block_min = no_keys ? 0 : static_cast<int>(key_begin / kBlockN);
-  const int n_block_max = no_keys ? 0 : static_cast<int>((key_end + kBlockN - 1) / kBlockN);
+  if constexpr (!kPersistent) {  // the whole CTA leaves before any barrier exists
+    const FwdTile tile = Scheduler::tile(args.order, 0);
+    if (tile.m_block * kBlockM >= sequence_bounds(params, tile.b).len_q) return;
+  }
 
   if (tid == 0) {
     ::cuda::ptx::mbarrier_init(&bars->q_full, 1);
+    ::cuda::ptx::mbarrier_init(&bars->q_empty, 8);  // one arrival per consumer warp
     for (int s = 0; s < 2; ++s) {
       ::cuda::ptx::mbarrier_init(&bars->k_full[s], 1);
       ::cuda::ptx::mbarrier_init(&bars->v_full[s], 1);
-      ::cuda::ptx::mbarrier_init(&bars->k_empty[s], 8);  // one arrival per consumer warp
+      ::cuda::ptx::mbarrier_init(&bars->k_empty[s], 8);
       ::cuda::ptx::mbarrier_init(&bars->v_empty[s], 8);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
@@ -175,7 +191,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0 && !no_keys) produce<Traits>(args, sQ, sK, sV, bars, seq, m0, h, h_kv, b, n_block_min, n_block_max);
+    if (tid == 0) produce<Traits, Scheduler>(args, sQ, sK, sV, bars);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -185,286 +201,338 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const int g = lane >> 2, t = lane & 3;
   const int row_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
   const int dim_v = static_cast<int>(params.head_dim_v);
-  T* o_tile = static_cast<T*>(params.o) + row_offset(params.o_layout, b, seq.q_row0 + m0, h);
-  float* lse_tile = params.lse == nullptr ? nullptr : params.lse + row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
-  const int wg_row_begin = wg * 64, wg_row_end = min(wg * 64 + 64, rows);
-
-  if (no_keys) {  // no row of the tile sees a key: O = 0, LSE = +inf
-    for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * (dim_v / 8); i += 128) {
-      const int row = wg_row_begin + i / (dim_v / 8), col = (i % (dim_v / 8)) * 8;
-      *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) = make_uint4(0, 0, 0, 0);
-    }
-    if (lse_tile != nullptr)
-      for (int row = wg_row_begin + wtid; row < wg_row_end; row += 128)
-        lse_tile[row * params.lse_layout.row] = __int_as_float(0x7f800000);
-    return;
-  }
-
-  const ScoreTransform transform = make_score_transform(params, b, h);
-  const float log2_scale = transform.log2_scale();
-  const uint32_t sQ_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sQ)) + wg * 64 * 128;
-  const uint32_t sK_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK));
-  const uint32_t sV_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV));
-
-  float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
-#pragma unroll
-  for (int c = 0; c < kOChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kNO / 2; ++i) acc_o[c][i] = 0.0f;
-  // Same invariant as the sm80 kernel: row_max is the max of the row's scores
-  // so far (kernel units), acc_o and row_sum (Kahan-compensated by row_error)
-  // are sums of exp2((s - row_max) * log2_scale).
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, row_error[2] = {0.0f, 0.0f};
-
-  wait_barrier(&bars->q_full, 0);
-
-  // The pieces of one key tile. S = Q K^T of stage `stage` into acc_s (issued, not waited).
-  auto issue_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
-#pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
-      const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
-      const uint64_t desc_q = desc_k_major(sQ_addr + block * kBlockM + step_bytes);
-      const uint64_t desc_k = desc_k_major(sK_addr + stage * Traits::kKVBytes + block * kBlockN + step_bytes);
-      WgmmaSS<T, kBlockN>::run(acc_s, desc_q, desc_k, k > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+  // Shared-memory addresses of the wgmma operands (sQ: this warpgroup's rows).
+  // Held across the tile loop at hdim <= 128, derived per tile at hdim 256:
+  // so no persistent kernel spills under ptxas 13.0; the other way round the
+  // hdim-128 causal one spilled 28 bytes and the hdim-256 causal one 8 (in
+  // its key-tile loop).
+  struct SmemAddresses {
+    uint32_t q, k, v;
   };
-  uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
-  // O += P V of stage `stage` (issued, not waited).
-  auto issue_pv = [&](int stage) {
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) {
-        // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
-        // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
-        const uint32_t address =
-            sV_addr + stage * Traits::kKVBytes + kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
-        WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_mn_major(address, kBlockN * 128), 1);
-      }
-    }
-    wgmma_commit();
+  auto operand_addresses = [&] {
+    return SmemAddresses{static_cast<uint32_t>(__cvta_generic_to_shared(sQ)) + wg * 64 * 128,
+                         static_cast<uint32_t>(__cvta_generic_to_shared(sK)),
+                         static_cast<uint32_t>(__cvta_generic_to_shared(sV))};
   };
-  // Score transform, mask and online softmax of one tile: acc_s becomes P
-  // (fp32, relative to the new row_max); returns each row's correction
-  // exp2((old max - new max) * log2_scale) for O, which the caller applies
-  // once no P V is in flight.
-  auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = m0 + row_in_tile + 8 * r;
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int ni = 0; ni < kNTilesS; ++ni) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t j = n0 + ni * 8 + 2 * t + c;
-          float& s = acc_s[ni * 4 + r * 2 + c];
-          if constexpr (kExtras) s = transform.apply(s, mask, i, j);
-          if (masked) {
-            const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
-            if (!visible) s = -INFINITY;
-          }
-          tile_max = fmaxf(tile_max, s);
-        }
+  const SmemAddresses hoisted_addresses = operand_addresses();
+  constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
+  // Key tiles consumed so far (stage it % 2, phase (it / 2) % 2) and Q tiles
+  // so far (phase q_it % 2): both run on across the CTA's tiles, as the producer's.
+  int it = 0, q_it = 0;
+
+  for (int tile_index = Scheduler::first(); Scheduler::valid(args.order, tile_index);
+       tile_index = Scheduler::next(tile_index)) {
+    const FwdTile tile = Scheduler::tile(args.order, tile_index);
+    const SequenceBounds seq = sequence_bounds(params, tile.b);
+    const int m0 = tile.m_block * kBlockM;
+    if (m0 >= seq.len_q) continue;  // a varlen tile past its sequence
+    const int rows = min(kBlockM, seq.len_q - m0);
+    const int h = tile.h, b = tile.b;
+    const MaskPolicy mask = tile_mask(params, seq);
+    const KeyBlockRange keys = key_block_range<kBlockN>(mask, m0, rows);
+    const int n_block_min = keys.first, n_block_max = keys.last;
+    // The output rows of the tile, formed where they are written (two 64-bit
+    // pointers held through the key loop cost the hdim-128 causal kernel spills).
+    auto o_rows = [&] { return static_cast<T*>(params.o) + row_offset(params.o_layout, b, seq.q_row0 + m0, h); };
+    auto lse_rows = [&] {
+      return params.lse == nullptr ? nullptr : params.lse + row_offset(params.lse_layout, b, seq.q_row0 + m0, h);
+    };
+    const int wg_row_begin = wg * 64, wg_row_end = min(wg * 64 + 64, rows);
+
+    if (keys.empty) {  // no row of the tile sees a key: O = 0, LSE = +inf
+      T* o_tile = o_rows();
+      float* lse_tile = lse_rows();
+      for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * (dim_v / 8); i += 128) {
+        const int row = wg_row_begin + i / (dim_v / 8), col = (i % (dim_v / 8)) * 8;
+        *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) = make_uint4(0, 0, 0, 0);
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
-      const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
-      const float offset = safe_max * log2_scale;
-      // The difference first, so an unchanged max rescales by exactly 1 (see the
-      // sm80 forward: as old * c - offset the FFMA leaves a factor 1 +- 1e-7 that
-      // compounds over the key tiles).
-      correction[r] = exp2_approx((row_max[r] - safe_max) * log2_scale);
-      row_max[r] = new_max;
-      row_sum[r] *= correction[r];
-      row_error[r] *= correction[r];
-      float sum = 0.0f;
-#pragma unroll
-      for (int ni = 0; ni < kNTilesS; ++ni) {
-        float& p0 = acc_s[ni * 4 + r * 2];
-        float& p1 = acc_s[ni * 4 + r * 2 + 1];
-        p0 = exp2_approx(p0 * log2_scale - offset);
-        p1 = exp2_approx(p1 * log2_scale - offset);
-        sum += p0 + p1;
-      }
-      const float addend = sum - row_error[r];
-      const float total = row_sum[r] + addend;
-      row_error[r] = (total - row_sum[r]) - addend;
-      row_sum[r] = total;
+      if (lse_tile != nullptr)
+        for (int row = wg_row_begin + wtid; row < wg_row_end; row += 128)
+          lse_tile[row * params.lse_layout.row] = __int_as_float(0x7f800000);
+      continue;
     }
-  };
-  auto rescale_o = [&](const float (&correction)[2]) {
+
+    const ScoreTransform transform = make_score_transform(params, b, h);
+    const float log2_scale = transform.log2_scale();
+    const SmemAddresses smem_addresses = kHeadDim <= 128 ? hoisted_addresses : operand_addresses();
+    const uint32_t sQ_addr = smem_addresses.q, sK_addr = smem_addresses.k, sV_addr = smem_addresses.v;
+    float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
 #pragma unroll
     for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
-      for (int nj = 0; nj < kNO / 8; ++nj)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          acc_o[c][nj * 4 + r * 2] *= correction[r];
-          acc_o[c][nj * 4 + r * 2 + 1] *= correction[r];
-        }
-  };
-  // P as A fragments: k-step kk covers keys [16 kk, 16 kk + 16), i.e. the n8
-  // groups 2 kk and 2 kk + 1 of the accumulator.
-  auto convert_p = [&](const float (&acc_s)[kBlockN / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      a_p[kk][0] = Pack2<T>::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
-      a_p[kk][1] = Pack2<T>::pack(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
-      a_p[kk][2] = Pack2<T>::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
-      a_p[kk][3] = Pack2<T>::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
-    }
-  };
-  auto release = [&](uint64_t* barrier) {
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(barrier);
-  };
+      for (int i = 0; i < kNO / 2; ++i) acc_o[c][i] = 0.0f;
+    // Same invariant as the sm80 kernel: row_max is the max of the row's scores
+    // so far (kernel units), acc_o and row_sum (Kahan-compensated by row_error)
+    // are sums of exp2((s - row_max) * log2_scale).
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, row_error[2] = {0.0f, 0.0f};
 
-  int it = 0;
-  constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
-  // Ping-pong turns: warpgroup wg waits on barrier 3 + wg, then lets the other
-  // one go (arrive on 4 - wg). The second warpgroup opens the first turn and
-  // skips its last arrive, so every barrier sees as many arrivals as waits.
-  auto turn_begin = [&] {
-    if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
-  };
-  auto turn_end = [&](bool last) {
-    if (kPingPong && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
-  };
-  if (kPingPong && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-  int pv_stage = 0;  // kOverlap: stage of the V tile whose P waits in a_p
-  uint32_t pv_parity = 0;
-  auto step = [&](int n_block, auto masked) {
-    const int stage = it & 1;
-    const uint32_t parity = (it >> 1) & 1;
-    ++it;
-    float acc_s[kBlockN / 2];  // (64, kBlockN): S of this warpgroup
-    float correction[2];
-    wait_barrier(&bars->k_full[stage], parity);
-    if (kOverlap) {
-      wait_barrier(&bars->v_full[pv_stage], pv_parity);
-      turn_begin();
-    }
-    wgmma_fence();
-    issue_s(acc_s, stage);
-    if (!kOverlap) {
-      // v1: every wgmma waited for at once; softmax and GEMMs of a warpgroup alternate.
-      wgmma_wait<0>();
-      fence_registers(acc_s);
-      release(&bars->k_empty[stage]);
-      softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
-      rescale_o(correction);
-      convert_p(acc_s);
-      wait_barrier(&bars->v_full[stage], parity);
+    wait_barrier(&bars->q_full, q_it & 1);
+
+    // The pieces of one key tile. S = Q K^T of stage `stage` into acc_s (issued, not waited).
+    auto issue_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
+        const uint64_t desc_q = desc_k_major(sQ_addr + block * kBlockM + step_bytes);
+        const uint64_t desc_k = desc_k_major(sK_addr + stage * Traits::kKVBytes + block * kBlockN + step_bytes);
+        WgmmaSS<T, kBlockN>::run(acc_s, desc_q, desc_k, k > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
+    // O += P V of stage `stage` (issued, not waited).
+    auto issue_pv = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+        for (int c = 0; c < kOChunks; ++c) {
+          // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
+          // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
+          const uint32_t address =
+              sV_addr + stage * Traits::kKVBytes + kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
+          WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_mn_major(address, kBlockN * 128), 1);
+        }
+      }
+      wgmma_commit();
+    };
+    // Score transform, mask and online softmax of one tile: acc_s becomes P
+    // (fp32, relative to the new row_max); returns each row's correction
+    // exp2((old max - new max) * log2_scale) for O, which the caller applies
+    // once no P V is in flight.
+    auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t i = m0 + row_in_tile + 8 * r;
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < kNTilesS; ++ni) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int64_t j = n0 + ni * 8 + 2 * t + c;
+            float& s = acc_s[ni * 4 + r * 2 + c];
+            if constexpr (kExtras) s = transform.apply(s, mask, i, j);
+            if (masked) {
+              const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
+              if (!visible) s = -INFINITY;
+            }
+            tile_max = fmaxf(tile_max, s);
+          }
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[r], tile_max);
+        // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
+        const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
+        const float offset = safe_max * log2_scale;
+        // The difference first, so an unchanged max rescales by exactly 1 (see the
+        // sm80 forward: as old * c - offset the FFMA leaves a factor 1 +- 1e-7 that
+        // compounds over the key tiles).
+        correction[r] = exp2_approx((row_max[r] - safe_max) * log2_scale);
+        row_max[r] = new_max;
+        row_sum[r] *= correction[r];
+        row_error[r] *= correction[r];
+        float sum = 0.0f;
+#pragma unroll
+        for (int ni = 0; ni < kNTilesS; ++ni) {
+          float& p0 = acc_s[ni * 4 + r * 2];
+          float& p1 = acc_s[ni * 4 + r * 2 + 1];
+          p0 = exp2_approx(p0 * log2_scale - offset);
+          p1 = exp2_approx(p1 * log2_scale - offset);
+          sum += p0 + p1;
+        }
+        const float addend = sum - row_error[r];
+        const float total = row_sum[r] + addend;
+        row_error[r] = (total - row_sum[r]) - addend;
+        row_sum[r] = total;
+      }
+    };
+    auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c)
+#pragma unroll
+        for (int nj = 0; nj < kNO / 8; ++nj)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            acc_o[c][nj * 4 + r * 2] *= correction[r];
+            acc_o[c][nj * 4 + r * 2 + 1] *= correction[r];
+          }
+    };
+    // P as A fragments: k-step kk covers keys [16 kk, 16 kk + 16), i.e. the n8
+    // groups 2 kk and 2 kk + 1 of the accumulator.
+    auto convert_p = [&](const float (&acc_s)[kBlockN / 2]) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        a_p[kk][0] = Pack2<T>::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+        a_p[kk][1] = Pack2<T>::pack(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+        a_p[kk][2] = Pack2<T>::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+        a_p[kk][3] = Pack2<T>::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+      }
+    };
+    auto release = [&](uint64_t* barrier) {
+      if (lane == 0) ::cuda::ptx::mbarrier_arrive(barrier);
+    };
+
+    // Ping-pong turns: warpgroup wg waits on barrier 3 + wg, then lets the other
+    // one go (arrive on 4 - wg). The second warpgroup opens the first turn and
+    // skips its last arrive, so every barrier sees as many arrivals as waits.
+    auto turn_begin = [&] {
+      if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+    };
+    auto turn_end = [&](bool last) {
+      if (kPingPong && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
+    };
+    if (kPingPong && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    int pv_stage = 0;  // kOverlap: stage of the V tile whose P waits in a_p
+    uint32_t pv_parity = 0;
+    auto step = [&](int n_block, auto masked) {
+      const int stage = it & 1;
+      const uint32_t parity = (it >> 1) & 1;
+      ++it;
+      float acc_s[kBlockN / 2];  // (64, kBlockN): S of this warpgroup
+      float correction[2];
+      wait_barrier(&bars->k_full[stage], parity);
+      if (kOverlap) {
+        wait_barrier(&bars->v_full[pv_stage], pv_parity);
+        turn_begin();
+      }
       wgmma_fence();
-      issue_pv(stage);
-      wgmma_wait<0>();
+      issue_s(acc_s, stage);
+      if (!kOverlap) {
+        // v1: every wgmma waited for at once; softmax and GEMMs of a warpgroup alternate.
+        wgmma_wait<0>();
+        fence_registers(acc_s);
+        release(&bars->k_empty[stage]);
+        softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
+        rescale_o(correction);
+        convert_p(acc_s);
+        wait_barrier(&bars->v_full[stage], parity);
+        wgmma_fence();
+        issue_pv(stage);
+        wgmma_wait<0>();
 #pragma unroll
-      for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
-      release(&bars->v_empty[stage]);
-    } else {
-      // v2: O += P(j-1) V(j-1) runs on the tensor cores while the softmax of
-      // S(j) runs on the ALUs; O is rescaled once that P V has landed. The
-      // first tile (no P V before it) is peeled off below: a branch here
-      // makes ptxas serialize the wgmmas (C7515).
-      issue_pv(pv_stage);
+        for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+        release(&bars->v_empty[stage]);
+      } else {
+        // v2: O += P(j-1) V(j-1) runs on the tensor cores while the softmax of
+        // S(j) runs on the ALUs; O is rescaled once that P V has landed. The
+        // first tile (no P V before it) is peeled off below: a branch here
+        // makes ptxas serialize the wgmmas (C7515).
+        issue_pv(pv_stage);
+        turn_end(false);
+        wgmma_wait<1>();
+        fence_registers(acc_s);
+        release(&bars->k_empty[stage]);
+        softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) fence_registers(a_p[kk]);
+        release(&bars->v_empty[pv_stage]);
+        rescale_o(correction);
+        convert_p(acc_s);
+        pv_stage = stage;
+        pv_parity = parity;
+      }
+    };
+    // v2's first tile: S and softmax only (O is still zero, nothing to rescale).
+    auto first_step = [&](int n_block, auto masked) {
+      const int stage = it & 1;
+      const uint32_t parity = (it >> 1) & 1;
+      ++it;
+      float acc_s[kBlockN / 2];
+      float correction[2];
+      wait_barrier(&bars->k_full[stage], parity);
+      turn_begin();
+      wgmma_fence();
+      issue_s(acc_s, stage);
       turn_end(false);
-      wgmma_wait<1>();
+      wgmma_wait<0>();
       fence_registers(acc_s);
       release(&bars->k_empty[stage]);
       softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
-      wgmma_wait<0>();
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) fence_registers(a_p[kk]);
-      release(&bars->v_empty[pv_stage]);
-      rescale_o(correction);
       convert_p(acc_s);
       pv_stage = stage;
       pv_parity = parity;
+    };
+
+    // Trip counts of the masking policy, as in the sm80 kernel: masked tiles at
+    // the diagonal or the sequence end, unmasked ones in the middle, masked ones
+    // at the left edge of a sliding window. The producer visits the same order.
+    auto visible_tile = [&](int n_block) {
+      return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
+    };
+    int n_block = n_block_max - 1;
+    if (kOverlap) {
+      if (visible_tile(n_block))
+        first_step(n_block, std::false_type{});
+      else
+        first_step(n_block, std::true_type{});
+      --n_block;
     }
-  };
-  // v2's first tile: S and softmax only (O is still zero, nothing to rescale).
-  auto first_step = [&](int n_block, auto masked) {
-    float acc_s[kBlockN / 2];
-    float correction[2];
-    wait_barrier(&bars->k_full[0], 0);
-    turn_begin();
-    wgmma_fence();
-    issue_s(acc_s, 0);
-    turn_end(false);
-    wgmma_wait<0>();
-    fence_registers(acc_s);
-    release(&bars->k_empty[0]);
-    softmax(acc_s, n_block * kBlockN, decltype(masked)::value, correction);
-    convert_p(acc_s);
-    pv_stage = 0;
-    pv_parity = 0;
-    it = 1;
-  };
+    for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
+    for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
+    for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
+    // Every S GEMM of the tile has completed: the producer may load the next
+    // tile's Q while the last P V and the epilogue run.
+    if constexpr (kPersistent) release(&bars->q_empty);
+    ++q_it;
+    if constexpr (kOverlap) {  // the last tile's P V
+      wait_barrier(&bars->v_full[pv_stage], pv_parity);
+      turn_begin();
+      wgmma_fence();
+      issue_pv(pv_stage);
+      turn_end(true);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
+      release(&bars->v_empty[pv_stage]);
+    }
 
-  // Trip counts of the masking policy, as in the sm80 kernel: masked tiles at
-  // the diagonal or the sequence end, unmasked ones in the middle, masked ones
-  // at the left edge of a sliding window. The producer visits the same order.
-  auto visible_tile = [&](int n_block) {
-    return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
-  };
-  int n_block = n_block_max - 1;
-  if (kOverlap) {
-    if (visible_tile(n_block))
-      first_step(n_block, std::false_type{});
-    else
-      first_step(n_block, std::true_type{});
-    --n_block;
-  }
-  for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
-  for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
-  for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
-  if constexpr (kOverlap) {  // the last tile's P V
-    wait_barrier(&bars->v_full[pv_stage], pv_parity);
-    turn_begin();
-    wgmma_fence();
-    issue_pv(pv_stage);
-    turn_end(true);
-    wgmma_wait<0>();
+    // Epilogue: 1 / row_sum and LSE per row, then O. One tile per CTA: O goes
+    // into this warpgroup's own rows of sQ (its last wgmma read of Q is
+    // complete), then out in 16-byte coalesced stores of the rows inside the
+    // sequence. Persistent: sQ already receives the next tile's Q, so O goes
+    // straight from the accumulators (each quad of threads writes 16
+    // contiguous bytes of a row; the quads of a warp fill whole 32-byte sectors
+    // over two consecutive n8 groups).
+    T* o_tile = o_rows();
+    float* lse_tile = lse_rows();
 #pragma unroll
-    for (int c = 0; c < kOChunks; ++c) fence_registers(acc_o[c]);
-    release(&bars->v_empty[pv_stage]);
-  }
-
-  // Epilogue: 1 / row_sum, LSE, O into this warpgroup's own rows of sQ (its
-  // last wgmma read of Q is complete), then 16-byte coalesced stores of the
-  // rows that belong to the sequence.
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[r] - row_error[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = row_in_tile + 8 * r;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r] - row_error[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = row_in_tile + 8 * r;
+      for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
-    for (int c = 0; c < kOChunks; ++c)
-#pragma unroll
-      for (int nj = 0; nj < kNO / 8; ++nj) {
-        const int col = c * kNO + nj * 8 + 2 * t;
-        const uint32_t packed = Pack2<T>::pack(acc_o[c][nj * 4 + r * 2] * inverse, acc_o[c][nj * 4 + r * 2 + 1] * inverse);
-        *reinterpret_cast<uint32_t*>(sQ + swizzled_offset(kBlockM, row, col)) = packed;
+        for (int nj = 0; nj < kNO / 8; ++nj) {
+          const int col = c * kNO + nj * 8 + 2 * t;
+          const uint32_t packed = Pack2<T>::pack(acc_o[c][nj * 4 + r * 2] * inverse, acc_o[c][nj * 4 + r * 2 + 1] * inverse);
+          if constexpr (kPersistent) {
+            if (row < rows && col < dim_v)
+              *reinterpret_cast<uint32_t*>(o_tile + row * params.o_layout.row + col) = packed;
+          } else {
+            *reinterpret_cast<uint32_t*>(sQ + swizzled_offset(kBlockM, row, col)) = packed;
+          }
+        }
+      if (lse_tile != nullptr && t == 0 && row < rows) {
+        const float offset = row_max[r] == -INFINITY ? 0.0f : row_max[r] * log2_scale;
+        lse_tile[row * params.lse_layout.row] = sum > 0.0f ? (offset + __log2f(sum)) * kLn2 : INFINITY;
       }
-    if (lse_tile != nullptr && t == 0 && row < rows) {
-      const float offset = row_max[r] == -INFINITY ? 0.0f : row_max[r] * log2_scale;
-      lse_tile[row * params.lse_layout.row] = sum > 0.0f ? (offset + __log2f(sum)) * kLn2 : INFINITY;
     }
-  }
-  named_barrier_sync(1 + wg, 128);
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * kChunksPerRow; i += 128) {
-    const int row = wg_row_begin + i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
-    if (col < dim_v)
-      *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) =
-          *reinterpret_cast<const uint4*>(sQ + swizzled_offset(kBlockM, row, col));
+    if constexpr (!kPersistent) {
+      named_barrier_sync(1 + wg, 128);
+      constexpr int kChunksPerRow = kHeadDim / 8;
+      for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * kChunksPerRow; i += 128) {
+        const int row = wg_row_begin + i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
+        if (col < dim_v)
+          *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) =
+              *reinterpret_cast<const uint4*>(sQ + swizzled_offset(kBlockM, row, col));
+      }
+    }
   }
 }
 

@@ -3,7 +3,7 @@
 // the tensor maps on the host and enqueues one kernel: no allocation, no sync.
 #pragma once
 
-#include <cstdlib>
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/element_type.cuh"
@@ -20,14 +20,34 @@ namespace flashattn::cuda {
 // v3 (v2 plus ping-pong) at hdim 64, where the softmax weighs most.
 constexpr int default_schedule(int head_dim) { return head_dim <= 64 ? 3 : 2; }
 
+// The persistent tile order (sm90/tile_scheduler.cuh): sections of (sequence,
+// head) pairs whose K/V fit in half the L2, so the K/V a section reads stay
+// resident while all its query tiles run; the other half is left to the Q
+// and O streams and to the next section's first K/V tiles.
+inline sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes) {
+  sm90::FwdTileOrder order;
+  order.group = static_cast<int>(params.heads / params.heads_kv);
+  order.m_blocks = static_cast<int>((params.seqlen_q + kSm90FwdBlockM - 1) / kSm90FwdBlockM);
+  order.heads = static_cast<int>(params.heads);
+  order.pairs = static_cast<int>(params.heads * params.batch);
+  order.tiles = order.m_blocks * order.pairs;
+  // The query heads of a GQA group share one K/V head: each pair costs a group's share.
+  const int64_t kv_bytes_per_pair =
+      std::max<int64_t>(params.seqlen_k * (params.head_dim + params.head_dim_v) * 2 / order.group, 1);
+  order.section_pairs =
+      static_cast<int>(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, 1, std::max(order.pairs, 1)));
+  return order;
+}
+
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using Traits = sm90::FwdTraits<typename ElementOf<Tag>::type, kHeadDim, kMaskDiagonal>;
-  const dim3 grid(static_cast<unsigned>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                  static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch));
-  if (grid.x == 0 || grid.z == 0) return FA_OK;
+  static_assert(Traits::kBlockM == kSm90FwdBlockM, "the host numbers persistent tiles with kSm90FwdBlockM");
+  const int64_t m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_blocks == 0 || params.batch == 0 || params.heads == 0) return FA_OK;
   sm90::FwdKernelArgs args{};
   args.params = params;
+  args.order.group = static_cast<int>(params.heads / params.heads_kv);
   // Varlen: one sequence of all rows (cu_seqlens give the row of each tile).
   const int64_t batch = params.is_varlen ? 1 : params.batch;
   const int64_t rows_q = params.is_varlen ? params.total_q : params.seqlen_q;
@@ -44,29 +64,50 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   int schedule = extras ? 1 : kPlainSchedule;
   // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process) in builds
   // with -DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON.
-  const char* schedule_name = std::getenv("FLASHATTN_SM90_SCHEDULE");
-  if (schedule_name != nullptr && schedule_name[0] == 'v' && schedule_name[1] >= '1' && schedule_name[1] <= '3') {
+  if (const int requested = sm90_schedule_override(); requested != 0) {
     if (!FLASHATTN_CUDA_SM90_ALL_SCHEDULES)
       return fail(FA_ERROR_UNSUPPORTED,
-                  "FLASHATTN_SM90_SCHEDULE=%s: this build has only the default schedules; configure with "
+                  "FLASHATTN_SM90_SCHEDULE=v%d: this build has only the default schedules; configure with "
                   "-DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON to choose one",
-                  schedule_name);
-    schedule = schedule_name[1] - '0';
+                  requested);
+    schedule = requested;
   }
-  auto pick = [&](auto extras_tag) {
-    constexpr bool kExtras = decltype(extras_tag)::value;
+  // FLASHATTN_SM90_PERSISTENT=0|1: the persistent kernel (plain kernels, schedules v2 / v3) or one tile per CTA.
+  const bool persistent = sm90_forward_persistent(params);
+  if (persistent && (extras || schedule == 1))
+    return fail(FA_ERROR_INTERNAL, "sm90 forward: no persistent kernel for schedule v%d or softcap / ALiBi", schedule);
+  // The kernels of this unit: plain and softcap/ALiBi, one tile per CTA, at
+  // every compiled schedule; plain persistent at schedules 2 and 3.
+  auto pick = [&](auto extras_tag, auto persistent_tag) {
+    constexpr bool kExtras = decltype(extras_tag)::value, kPersistent = decltype(persistent_tag)::value;
+    static_assert(!(kExtras && kPersistent), "softcap / ALiBi run one tile per CTA");
     if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES) {
-      return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1>
-             : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2>
-                             : sm90::fwd_kernel<Traits, kExtras, 3>;
+      if constexpr (kPersistent)
+        return schedule == 3 ? sm90::fwd_kernel<Traits, false, 3, true> : sm90::fwd_kernel<Traits, false, 2, true>;
+      else
+        return schedule == 1   ? sm90::fwd_kernel<Traits, kExtras, 1, false>
+               : schedule == 2 ? sm90::fwd_kernel<Traits, kExtras, 2, false>
+                               : sm90::fwd_kernel<Traits, kExtras, 3, false>;
     } else {
-      return sm90::fwd_kernel<Traits, kExtras, kExtras ? 1 : kPlainSchedule>;
+      return sm90::fwd_kernel<Traits, kExtras, kExtras ? 1 : kPlainSchedule, kPersistent>;
     }
   };
-  auto kernel = extras ? pick(std::true_type{}) : pick(std::false_type{});
-  (void)schedule;  // read only when every schedule is compiled
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  if (persistent) {
+    int multiprocessors = 0, l2_bytes = 0;
+    FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
+    args.order = make_tile_order(params, l2_bytes);
+    // One CTA per SM: 384 threads at 168 registers take the whole register file.
+    const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
+    auto kernel = pick(std::false_type{}, std::true_type{});
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  } else {
+    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
+                    static_cast<unsigned>(params.batch));
+    auto kernel = extras ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  }
   FA_CUDA_CHECK(cudaGetLastError());
   return FA_OK;
 }
