@@ -90,6 +90,23 @@ def torch_runner(backend, q, k, v, dout, causal):
     return fwd, fwdbwd
 
 
+class scoped_env:
+    """Sets an environment variable for a block (the library reads its switches per call)."""
+
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        self.saved = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del os.environ[self.name]
+        else:
+            os.environ[self.name] = self.saved
+
+
 def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
     for dtype in dtypes:
         for D in dims:
@@ -128,6 +145,14 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                             except Exception as error:  # a backend that refuses the shape
                                 row[name] = None
                                 log.write(f"{name} {row}: {error}\n")
+                        if mode == "fwd" and not ours_only:
+                            # The sm90 forward both ways (one tile per CTA, persistent), same call.
+                            row["fwd_path"] = kernel_path(fa, ours.fwd_args)
+                            if row["fwd_path"].startswith("cuda-sm90"):
+                                for name, value in (("tile", "0"), ("persistent", "1")):
+                                    with scoped_env("FLASHATTN_SM90_PERSISTENT", value):
+                                        ms = time_ms(ours.fwd)
+                                        row["ours_fwd_" + name] = flops(B, H, N, D, causal, mode) / ms / 1e9
                         if mode == "fwdbwd" and not ours_only:
                             det = Ours(fa, q, k, v, dout, causal, deterministic=True)
                             row["ours_det"] = flops(B, H, N, D, causal, mode) / time_ms(det.fwdbwd) / 1e9
@@ -136,11 +161,9 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                             # The same call on the other backward family where both serve the shape.
                             other = "sm80" if row["bwd_path"] == "cuda-sm90" else "sm90" if D <= 64 else None
                             if other:
-                                os.environ["FLASHATTN_CUDA_BWD"] = other
-                                try:
-                                    row["ours_bwd_" + other] = flops(B, H, N, D, causal, mode) / time_ms(ours.fwdbwd) / 1e9
-                                finally:
-                                    del os.environ["FLASHATTN_CUDA_BWD"]
+                                with scoped_env("FLASHATTN_CUDA_BWD", other):
+                                    ms = time_ms(ours.fwdbwd)
+                                    row["ours_bwd_" + other] = flops(B, H, N, D, causal, mode) / ms / 1e9
                         results.append(row)
                         log.write(json.dumps(row) + "\n")
                         log.flush()
@@ -370,17 +393,20 @@ def main():
                   f"{fmt(r['ours'])} | {r['max_diff_vs_fa2']:.1e} {r['max_grad_diff_vs_fa2']:.1e}")
         return
     print("TFLOP/s: ours / torch FA2 / cuDNN (ratio ours/FA2); det = deterministic fwd+bwd; "
-          "bwd: backward path, and fwd+bwd with our sm80 backward forced")
-    print("dtype D N causal mode | ours fa2 cudnn | ours/fa2 | det det/ours | bwd | maxdiff O, dQ/dK vs FA2")
+          "path: the forward's (fwd rows, with the sm90 forward timed one tile per CTA and persistent) or the "
+          "backward's (fwd+bwd rows, with the other backward family forced)")
+    print("dtype D N causal mode | ours fa2 cudnn | ours/fa2 | det det/ours | path | maxdiff O, dQ/dK vs FA2")
     for r in results:
         ratio = r["ours"] / r["fa2"] if r.get("ours") and r.get("fa2") else float("nan")  # noqa: E501
         det = ""
         if "ours_det" in r and r["ours"]:
             det = f"{r['ours_det']:.0f} {r['ours_det'] / r['ours']:.2f}"
-        bwd = r.get("bwd_path", "")[5:]
+        bwd = r.get("bwd_path", r.get("fwd_path", ""))[5:]
         for other in ("sm80", "sm90"):
             if "ours_bwd_" + other in r:
                 bwd += f" ({other} {r['ours_bwd_' + other]:.0f})"
+        if "ours_fwd_tile" in r:
+            bwd += f" (tile {r['ours_fwd_tile']:.0f}, persistent {r['ours_fwd_persistent']:.0f})"
         print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {fmt(r['ours'])} "
               f"{fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio:.2f} | {det} | {bwd} | {r['max_diff_vs_fa2']:.1e} "
               f"{r['max_grad_diff_vs_fa2']:.1e}")
