@@ -239,6 +239,117 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
   return true;
 }
 
+// Pieces both consumer kernels share. A consumer's S^T / dP^T accumulator
+// covers (64 keys, kN queries): element [4 j + 2 r + c] is key key_in_tile + 8 r,
+// query query0 + 8 j + 2 t + c of the item; lse and delta point at the LSE
+// (log2 units) and delta of query query0.
+
+// P^T = exp2(S^T scale - LSE), in place.
+template <int kN>
+__device__ __forceinline__ void exp_scores(float (&acc)[kN / 2], const float* lse, float log2_scale, int t) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float lse_query = lse[8 * j + 2 * t + c];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float& s = acc[4 * j + 2 * r + c];
+        s = exp2_approx(s * log2_scale - lse_query);
+      }
+    }
+}
+
+// Zeroes the probabilities of hidden (query, key) pairs: a pass of its own,
+// one branch per item, because per-element branches inside exp_scores kept
+// the exponentials from overlapping. first_query = m0 + query0, first_key =
+// n0 + key_in_tile; without a diagonal mask only keys past the end are hidden.
+template <bool kMaskDiagonal, int kN>
+__device__ __forceinline__ void mask_scores(float (&acc)[kN / 2], const MaskPolicy& mask, int64_t first_query,
+                                            int64_t first_key, int len_k, int t) {
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) {
+    const int64_t i = first_query + 8 * (e / 4) + 2 * t + (e & 1), key = first_key + 8 * ((e >> 1) & 1);
+    const bool visible = kMaskDiagonal ? mask.visible(i, key) : key < len_k;
+    if (!visible) acc[e] = 0.0f;
+  }
+}
+
+// dS^T = P^T (dP^T - delta), in place in dp.
+template <int kN>
+__device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], float (&dp)[kN / 2], const float* delta,
+                                                    int t) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float delta_query = delta[8 * j + 2 * t + c];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int e = 4 * j + 2 * r + c;
+        dp[e] = p[e] * (dp[e] - delta_query);
+      }
+    }
+}
+
+// Deterministic mode: the semaphore a CTA still has to release (and its value)
+// once every consumer thread's dQ adds are behind a barrier; the release goes
+// out at the next item's dS barrier, off the item's critical path.
+struct DeferredRelease {
+  int* semaphore = nullptr;
+  int value = 0;
+  __device__ __forceinline__ void release(bool leader) {
+    if (semaphore != nullptr && leader) {
+      __threadfence();
+      sm80::store_release(semaphore, value);
+    }
+    semaphore = nullptr;
+  }
+};
+
+// Deterministic mode: both consumers wait until the key tiles before this one
+// (BwdItems' order) have added into query tile m_block of head h, then arm
+// the release for the next one. The leader thread polls.
+template <class Items>
+__device__ __forceinline__ void wait_dq_turn(const sm80::BwdPass& pass, const Items& items, int b, int h, int m_block,
+                                             int n_block, bool leader, DeferredRelease& pending) {
+  int* semaphore =
+      pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
+  const int rank = items.last_visiting_block(m_block) - n_block;
+  if (leader)
+    while (sm80::load_acquire(semaphore) != rank) {
+    }
+  named_barrier_sync(4, 256);
+  pending.semaphore = semaphore;
+  pending.value = rank + 1;
+}
+
+// dK (times the softmax scale) and dV of a consumer's 64 keys x kCols columns
+// from its accumulators: element [4 j + 2 r + c] is key key_in_tile + 8 r,
+// column col0 + 8 j + 2 t + c.
+template <typename T, int kCols>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& params, const SequenceBounds& seq, int b, int n0,
+                                            int h_kv, int keys, int key_in_tile, int col0, int t,
+                                            const float (&acc_dk)[kCols / 2], const float (&acc_dv)[kCols / 2]) {
+  T* dk_tile = static_cast<T*>(params.dk) + sm80::row_offset(params.dk_layout, b, seq.k_row0 + n0, h_kv);
+  T* dv_tile = static_cast<T*>(params.dv) + sm80::row_offset(params.dv_layout, b, seq.k_row0 + n0, h_kv);
+  const int dim = static_cast<int>(params.head_dim), dim_v = static_cast<int>(params.head_dim_v);
+  const float scale = params.softmax_scale;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key_in_tile + 8 * r, col = col0 + 8 * j + 2 * t;
+      if (key >= keys) continue;
+      if (col < dim)
+        *reinterpret_cast<uint32_t*>(dk_tile + key * params.dk_layout.row + col) =
+            Pack2<T>::pack(acc_dk[4 * j + 2 * r] * scale, acc_dk[4 * j + 2 * r + 1] * scale);
+      if (col < dim_v)
+        *reinterpret_cast<uint32_t*>(dv_tile + key * params.dv_layout.row + col) =
+            Pack2<T>::pack(acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
+    }
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   using T = typename Traits::T;
@@ -270,7 +381,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int key_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
-  const int dim = static_cast<int>(params.head_dim), dim_v = static_cast<int>(params.head_dim_v);
+  const int dim = static_cast<int>(params.head_dim);
   const float log2_scale = params.softmax_scale * sm80::kLog2e;
   const int64_t q_packed0 = sm80::packed_q_row0(params, seq, b);
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -283,17 +394,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int dq_col_block = Traits::kDqSplitQueries ? 0 : wg;
   const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
 
-  // Deterministic mode: the semaphore this CTA still has to release (and its
-  // value) once every consumer thread's dQ adds are behind a barrier.
-  int* pending_release = nullptr;
-  int pending_value = 0;
-  auto release_pending = [&]() {
-    if (pending_release != nullptr && wtid == 0 && wg == 0) {
-      __threadfence();
-      sm80::store_release(pending_release, pending_value);
-    }
-    pending_release = nullptr;
-  };
+  DeferredRelease pending;  // deterministic mode
+  const bool leader = wtid == 0 && wg == 0;
 
   // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
   // and delta rows of an item, (2, kBlockM) values: index wtid + 128 s is
@@ -359,40 +461,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float lse_query = lse[8 * j + 2 * t + c];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float& s = acc_s[4 * j + 2 * r + c];
-          s = exp2_approx(s * log2_scale - lse_query);
-        }
-      }
-    // The mask in a pass of its own, one branch per item: inside the loop
-    // above, its per-element branches kept the exponentials from overlapping.
-    if (masked) {
-#pragma unroll
-      for (int e = 0; e < kBlockM / 2; ++e) {
-        const int64_t i = m0 + 8 * (e / 4) + 2 * t + (e & 1), key = n0 + key_in_tile + 8 * ((e >> 1) & 1);
-        const bool visible = Traits::kMaskDiagonal ? mask.visible(i, key) : key < seq.len_k;
-        if (!visible) acc_s[e] = 0.0f;
-      }
-    }
+    exp_scores<kBlockM>(acc_s, lse, log2_scale, t);
+    if (masked) mask_scores<Traits::kMaskDiagonal, kBlockM>(acc_s, mask, m0, n0 + key_in_tile, seq.len_k, t);
     wgmma_wait<0>();
     fence_registers(acc_dp);
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float delta_query = delta[8 * j + 2 * t + c];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int e = 4 * j + 2 * r + c;
-          acc_dp[e] = acc_s[e] * (acc_dp[e] - delta_query);
-        }
-      }
+    probabilities_to_ds<kBlockM>(acc_s, acc_dp, delta, t);
 
     // P^T and dS^T as A fragments: k-step kk covers queries [16 kk, 16 kk + 16).
     uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
@@ -424,7 +497,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
     named_barrier_sync(1, 256);
-    release_pending();  // the previous item's dQ adds of both warpgroups are behind this barrier
+    pending.release(leader);  // the previous item's dQ adds of both warpgroups are behind this barrier
 
     // This warpgroup's (64 queries, 64 columns) block of dQ = dS K over all 128 keys.
     // At hdim 64 the dV / dK products finish first: their register operands
@@ -475,43 +548,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     } else {
       // Deterministic: the key tiles of one query tile add in descending order
       // (BwdItems); the two warpgroups add disjoint blocks.
-      int* semaphore =
-          pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-      const int rank = items.last_visiting_block(m_block) - n_block;
-      if (wtid == 0 && wg == 0)
-        while (sm80::load_acquire(semaphore) != rank) {
-        }
-      named_barrier_sync(4, 256);
-      pending_release = semaphore;
-      pending_value = rank + 1;
+      wait_dq_turn(pass, items, b, h, m_block, n_block, leader, pending);
       add_dq();  // released at the next item's dS barrier, off this item's critical path
     }
     if (!has_next) break;
     h = next_h;
     m_block = next_m_block;
   }
-  if (pending_release != nullptr) {
+  if (pending.semaphore != nullptr) {
     named_barrier_sync(4, 256);
-    release_pending();
+    pending.release(leader);
   }
-
-  // dK (times the softmax scale) and dV of this warpgroup's keys, from the accumulators.
-  T* dk_tile = static_cast<T*>(params.dk) + sm80::row_offset(params.dk_layout, b, seq.k_row0 + n0, h_kv);
-  T* dv_tile = static_cast<T*>(params.dv) + sm80::row_offset(params.dv_layout, b, seq.k_row0 + n0, h_kv);
-  const float scale = params.softmax_scale;
-#pragma unroll
-  for (int j = 0; j < kNO / 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key_in_tile + 8 * r, col = 8 * j + 2 * t;
-      if (key >= keys) continue;
-      if (col < dim)
-        *reinterpret_cast<uint32_t*>(dk_tile + key * params.dk_layout.row + col) =
-            Pack2<T>::pack(acc_dk[4 * j + 2 * r] * scale, acc_dk[4 * j + 2 * r + 1] * scale);
-      if (col < dim_v)
-        *reinterpret_cast<uint32_t*>(dv_tile + key * params.dv_layout.row + col) =
-            Pack2<T>::pack(acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
-    }
+  store_dk_dv<T, kNO>(params, seq, b, n0, h_kv, keys, key_in_tile, 0, t, acc_dk, acc_dv);
 }
 
 }  // namespace flashattn::sm90

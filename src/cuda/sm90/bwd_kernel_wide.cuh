@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   const int key_in_tile = warp * 16 + g;  // + 8 r: the rows of S^T, dP^T, dK and dV of this thread
   const int query0 = wg * kQueries;       // S^T and dP^T columns of this consumer
   const int col_block0 = wg * (Traits::kColsPerConsumer / 64);  // first 64-column block of its dV, dK, dQ
-  const int dim = static_cast<int>(params.head_dim), dim_v = static_cast<int>(params.head_dim_v);
+  const int dim = static_cast<int>(params.head_dim);
   const float log2_scale = params.softmax_scale * sm80::kLog2e;
   const int64_t q_packed0 = sm80::packed_q_row0(params, seq, b);
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -87,17 +87,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
-  // Deterministic mode: the semaphore this CTA still has to release (and its
-  // value) once every consumer thread's dQ adds are behind a barrier.
-  int* pending_release = nullptr;
-  int pending_value = 0;
-  auto release_pending = [&]() {
-    if (pending_release != nullptr && wtid == 0 && wg == 0) {
-      __threadfence();
-      sm80::store_release(pending_release, pending_value);
-    }
-    pending_release = nullptr;
-  };
+  DeferredRelease pending;  // deterministic mode
+  const bool leader = wtid == 0 && wg == 0;
 
   // The LSE (log2 units; +inf past the sequence end) and delta of this
   // consumer's queries of an item: threads 0-31 load an LSE, 32-63 a delta.
@@ -151,38 +142,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
-#pragma unroll
-    for (int j = 0; j < kQueries / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float lse_query = lse[8 * j + 2 * t + c];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float& s = acc_s[4 * j + 2 * r + c];
-          s = exp2_approx(s * log2_scale - lse_query);
-        }
-      }
-    if (masked) {  // in a pass of its own, as in bwd_kernel.cuh
-#pragma unroll
-      for (int e = 0; e < kQueries / 2; ++e) {
-        const int64_t i = m0 + query0 + 8 * (e / 4) + 2 * t + (e & 1), key = n0 + key_in_tile + 8 * ((e >> 1) & 1);
-        const bool visible = Traits::kMaskDiagonal ? mask.visible(i, key) : key < seq.len_k;
-        if (!visible) acc_s[e] = 0.0f;
-      }
-    }
+    exp_scores<kQueries>(acc_s, lse, log2_scale, t);
+    if (masked)
+      mask_scores<Traits::kMaskDiagonal, kQueries>(acc_s, mask, m0 + query0, n0 + key_in_tile, seq.len_k, t);
     wgmma_wait<0>();
     fence_registers(acc_dp);
-#pragma unroll
-    for (int j = 0; j < kQueries / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float delta_query = delta[8 * j + 2 * t + c];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int e = 4 * j + 2 * r + c;
-          acc_dp[e] = acc_s[e] * (acc_dp[e] - delta_query);
-        }
-      }
+    probabilities_to_ds<kQueries>(acc_s, acc_dp, delta, t);
 
     // P^T and dS^T of this consumer's queries into the item's (kBlockN, kBlockM)
     // tiles, 16-bit, in the layout wgmma reads K-major (as A of dV, dK) and
@@ -200,7 +165,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
     named_barrier_sync(1, 256);
-    release_pending();  // the previous item's dQ adds of both consumers are behind this barrier
+    pending.release(leader);  // the previous item's dQ adds of both consumers are behind this barrier
 
     // dV += P^T dO and dK += dS^T Q over this item's 64 queries (4 k-steps), for
     // this consumer's 128 columns: B rows are queries (K), columns the head dim (N).
@@ -242,16 +207,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
     if (deterministic) {
       // The key tiles of one query tile add in descending order (BwdItems); the
-      // two consumers add disjoint columns.
-      int* semaphore =
-          pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-      const int rank = items.last_visiting_block(m_block) - n_block;
-      if (wtid == 0 && wg == 0)
-        while (sm80::load_acquire(semaphore) != rank) {
-        }
-      named_barrier_sync(4, 256);
-      pending_release = semaphore;  // released at the next item's barrier, off this item's critical path
-      pending_value = rank + 1;
+      // two consumers add disjoint columns. Released at the next item's barrier.
+      wait_dq_turn(pass, items, b, h, m_block, n_block, leader, pending);
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -265,28 +222,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     h = next_h;
     m_block = next_m_block;
   }
-  if (pending_release != nullptr) {
+  if (pending.semaphore != nullptr) {
     named_barrier_sync(4, 256);
-    release_pending();
+    pending.release(leader);
   }
-
-  // dK (times the softmax scale) and dV of this consumer's columns, from the accumulators.
-  T* dk_tile = static_cast<T*>(params.dk) + sm80::row_offset(params.dk_layout, b, seq.k_row0 + n0, h_kv);
-  T* dv_tile = static_cast<T*>(params.dv) + sm80::row_offset(params.dv_layout, b, seq.k_row0 + n0, h_kv);
-  const float scale = params.softmax_scale;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key_in_tile + 8 * r, col = col_block0 * 64 + 8 * j + 2 * t;
-      if (key >= keys) continue;
-      if (col < dim)
-        *reinterpret_cast<uint32_t*>(dk_tile + key * params.dk_layout.row + col) =
-            Pack2<T>::pack(acc_dk[4 * j + 2 * r] * scale, acc_dk[4 * j + 2 * r + 1] * scale);
-      if (col < dim_v)
-        *reinterpret_cast<uint32_t*>(dv_tile + key * params.dv_layout.row + col) =
-            Pack2<T>::pack(acc_dv[4 * j + 2 * r], acc_dv[4 * j + 2 * r + 1]);
-    }
+  store_dk_dv<T, Traits::kColsPerConsumer>(params, seq, b, n0, h_kv, keys, key_in_tile, col_block0 * 64, t, acc_dk,
+                                           acc_dv);
 }
 
 }  // namespace flashattn::sm90
