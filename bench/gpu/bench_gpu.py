@@ -158,8 +158,8 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                             row["ours_det"] = flops(B, H, N, D, causal, mode) / time_ms(det.fwdbwd) / 1e9
                             del det
                             row["bwd_path"] = kernel_path(fa, ours.bwd_args, "fa_bwd_kernel_path")
-                            # The same call on the other backward family where both serve the shape.
-                            other = "sm80" if row["bwd_path"] == "cuda-sm90" else "sm90" if D <= 64 else None
+                            # The same call on the sm80 backward where sm90 serves the shape.
+                            other = "sm80" if row["bwd_path"] == "cuda-sm90" else None
                             if other:
                                 with scoped_env("FLASHATTN_CUDA_BWD", other):
                                     ms = time_ms(ours.fwdbwd)

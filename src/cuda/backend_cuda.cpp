@@ -362,15 +362,15 @@ fa_status fwd(const FwdParams& params, void*) {
 }
 
 // The width of the fp32 dQ workspace rows: the head-dim class of the backward
-// that will run. The two families' classes differ where D or Dv is in (128, 192]
-// (sm80 class 192, sm90 class 256).
-int bwd_accum_head_dim(const BwdParams& params) {
-  return use_sm90_backward(params) ? sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v)
-                                   : head_dim_class(params.head_dim, params.head_dim_v);
+// that will run (sm90 when `sm90`). The two families' classes differ where D or
+// Dv is in (128, 192] (sm80 class 192, sm90 class 256).
+int bwd_accum_head_dim(const BwdParams& params, bool sm90) {
+  return sm90 ? sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v)
+              : head_dim_class(params.head_dim, params.head_dim_v);
 }
 
 size_t bwd_workspace_bytes(const BwdParams& params) {
-  return bwd_workspace_layout(params, bwd_accum_head_dim(params)).total;
+  return bwd_workspace_layout(params, bwd_accum_head_dim(params, use_sm90_backward(params))).total;
 }
 
 fa_status bwd(const BwdParams& params, void* workspace) {
@@ -381,9 +381,9 @@ fa_status bwd(const BwdParams& params, void* workspace) {
   DeviceGuard guard(params.device_index);
   FA_CUDA_CHECK(guard.status());
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
-  const int head_dim_class_value = head_dim_class(params.head_dim, params.head_dim_v);
-  const BwdWorkspace layout = bwd_workspace_layout(params, bwd_accum_head_dim(params));
-  if (use_sm90_backward(params))
+  const bool sm90 = use_sm90_backward(params);
+  const BwdWorkspace layout = bwd_workspace_layout(params, bwd_accum_head_dim(params, sm90));
+  if (sm90)
     return dispatch_dtype(params.dtype, [&](auto tag) {
       return dispatch_sm90_bwd_head_dim(sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
         return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
@@ -393,7 +393,7 @@ fa_status bwd(const BwdParams& params, void* workspace) {
       });
     });
   return dispatch_dtype(params.dtype, [&](auto tag) {
-    return dispatch_head_dim(head_dim_class_value, [&](auto head_dim) {
+    return dispatch_head_dim(head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {
       return dispatch_bool(mask_diagonal(params), [&](auto diagonal) {
         return run_bwd<decltype(tag), decltype(head_dim)::value, decltype(diagonal)::value>(params, layout, workspace,
                                                                                            stream);

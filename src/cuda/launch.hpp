@@ -59,9 +59,10 @@ fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
 
-// Hopper backward (sm_90a, src/cuda/sm90/bwd_kernel.cuh): head-dim classes 64, 128.
+// Hopper backward (sm_90a, src/cuda/sm90/bwd_kernel*.cuh): head-dim classes 64, 128, 256.
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream);
-// Its query tile, which numbers the deterministic semaphores.
+// Its smallest query tile (classes 128 and 256; 128 rows at class 64): the
+// deterministic semaphores are sized for it.
 constexpr int kSm90BwdBlockM = 64;
 }  // namespace flashattn::cuda

@@ -4,9 +4,9 @@
 // kernel differs. No allocation, no synchronization.
 #pragma once
 
-#include "cuda/sm80/launch.cuh"  // run_bwd_passes, prepare_smem
 #include <type_traits>
 
+#include "cuda/sm80/launch.cuh"  // run_bwd_passes, prepare_smem
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/bwd_kernel_wide.cuh"
 #include "cuda/sm90/tensor_map.hpp"
