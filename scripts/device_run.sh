@@ -11,6 +11,7 @@
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
 #                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt,
 #                                            "profile": ncu on the backward kernel,
+#                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
 #                                            "overhead": host cost of the Python op layer on CUDA)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
@@ -87,6 +88,14 @@ if has_stage bench; then
 fi
 
 # Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
+# Issue 5's forward table (N = 1k, 4k, 8k, 16k): ours, one tile per CTA and persistent, FA2, cuDNN.
+if has_stage fwdtable; then
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_FWDTABLE_TIMEOUT:-200}" \
+    python3 bench/gpu/bench_gpu.py --out "$OUT" --fwd-only --sm90-persistent-ab ${FA_FWDTABLE_ARGS:-} \
+    >"$OUT/bench_fwd_table.txt" 2>>"$OUT/bench_stderr.log"
+  note "== forward table exit $?"
+fi
+
 if has_stage decode; then
   PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
     --out "$OUT" ${FA_DECODE_ARGS:-} >"$OUT/decode_table.txt" 2>&1
@@ -181,9 +190,11 @@ fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 (cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=summary.txt --exclude=bench_table.txt \
-  --exclude=bench_gpu.json --exclude=bench_decode.json . && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt \
-  ! -name bench_table.txt ! -name bench_gpu.json ! -name bench_decode.json -exec rm -rf {} +)
+  --exclude=bench_gpu.json --exclude=bench_decode.json --exclude=bench_gpu_fwd.json --exclude=bench_fwd_table.txt . &&
+  find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt ! -name bench_table.txt ! -name bench_gpu.json \
+  ! -name bench_decode.json ! -name bench_gpu_fwd.json ! -name bench_fwd_table.txt -exec rm -rf {} +)
 
 cat "$SUMMARY"
 [ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"
+[ -f "$OUT/bench_fwd_table.txt" ] && cat "$OUT/bench_fwd_table.txt"
 exit 0

@@ -300,27 +300,51 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // exp2((old max - new max) * log2_scale) for O, which the caller applies
     // once no P V is in flight.
     auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
+      if (kExtras || masked) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t i = m0 + row_in_tile + 8 * r;
-        float tile_max = -INFINITY;
+        for (int r = 0; r < 2; ++r) {
+          const int64_t i = m0 + row_in_tile + 8 * r;
 #pragma unroll
-        for (int ni = 0; ni < kNTilesS; ++ni) {
+          for (int ni = 0; ni < kNTilesS; ++ni) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int64_t j = n0 + ni * 8 + 2 * t + c;
-            float& s = acc_s[ni * 4 + r * 2 + c];
-            if constexpr (kExtras) s = transform.apply(s, mask, i, j);
-            if (masked) {
-              const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
-              if (!visible) s = -INFINITY;
+            for (int c = 0; c < 2; ++c) {
+              const int64_t j = n0 + ni * 8 + 2 * t + c;
+              float& s = acc_s[ni * 4 + r * 2 + c];
+              if constexpr (kExtras) s = transform.apply(s, mask, i, j);
+              if (masked) {
+                const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
+                if (!visible) s = -INFINITY;
+              }
             }
-            tile_max = fmaxf(tile_max, s);
           }
         }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[r], tile_max);
+      }
+      // Row maxima over four interleaved partial maxima per row, both rows at
+      // once: dependent chains of kNTilesS / 2 + 2 instead of kNTilesS * 2,
+      // which ran ahead of every exponential (v8, dev/sm90_log.md).
+      // At hdim 256 (64-key tiles, the softmax a small share) the extra live
+      // values cost spills: one chain there.
+      constexpr int kPartials = kHeadDim <= 128 ? 4 : 1;
+      float tile_max[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float partial[kPartials];
+#pragma unroll
+        for (int e = 0; e < 2 * kNTilesS; ++e) {  // element e of the row: n8 group e / 2, column e % 2
+          const float s = acc_s[(e / 2) * 4 + r * 2 + e % 2];
+          partial[e % kPartials] = e < kPartials ? s : fmaxf(partial[e % kPartials], s);
+        }
+        tile_max[r] = partial[0];
+#pragma unroll
+        for (int p = 1; p < kPartials; ++p) tile_max[r] = fmaxf(tile_max[r], partial[p]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float new_max = fmaxf(row_max[r], tile_max[r]);
         // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
         const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
         const float offset = safe_max * log2_scale;
@@ -331,16 +355,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         row_max[r] = new_max;
         row_sum[r] *= correction[r];
         row_error[r] *= correction[r];
-        float sum = 0.0f;
+        float sum[2] = {0.0f, 0.0f};  // two partial sums: half the dependent chain
 #pragma unroll
         for (int ni = 0; ni < kNTilesS; ++ni) {
           float& p0 = acc_s[ni * 4 + r * 2];
           float& p1 = acc_s[ni * 4 + r * 2 + 1];
           p0 = exp2_approx(p0 * log2_scale - offset);
           p1 = exp2_approx(p1 * log2_scale - offset);
-          sum += p0 + p1;
+          sum[ni & 1] += p0 + p1;
         }
-        const float addend = sum - row_error[r];
+        const float addend = (sum[0] + sum[1]) - row_error[r];
         const float total = row_sum[r] + addend;
         row_error[r] = (total - row_sum[r]) - addend;
         row_sum[r] = total;
