@@ -235,6 +235,18 @@ bool sm90_forward_persistent(const FwdParams& params) {
   return kSm90PersistentByDefault;
 }
 
+// Three consumer warpgroups (192-row tiles) at hdim 64, as FA3 does there: more
+// warps to interleave the softmax, which weighs most at hdim 64, with the GEMMs.
+constexpr bool kSm90ThreeConsumersByDefault = false;
+
+int sm90_forward_consumers(const FwdParams& params) {
+  if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() != 0) return 2;
+  const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");
+  if (forced != nullptr && std::strcmp(forced, "3") == 0) return 3;
+  if (forced != nullptr && std::strcmp(forced, "2") == 0) return 2;
+  return kSm90ThreeConsumersByDefault ? 3 : 2;
+}
+
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes) {
   static std::atomic<int> cached_sms[64], cached_l2[64];
   if (device_index < 0 || device_index >= 64)

@@ -45,8 +45,12 @@ fa_status run_fwd(const FwdParams& params, cudaStream_t stream);
 // Hopper forward (sm_90a, src/cuda/sm90/): head-dim classes 64, 128, 256.
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
-// Its query tile (rows per CTA tile), which numbers the persistent kernel's tiles.
+// Its smallest query tile (rows per CTA tile): the host bounds tile numbers with it.
 constexpr int kSm90FwdBlockM = 128;
+// Consumer warpgroups of the sm90 forward at head-dim class 64: 2 (128-row
+// tiles) or 3 (192-row tiles); FLASHATTN_SM90_FWD_CONSUMERS=2|3 picks per call,
+// else the default. Always 2 with softcap / ALiBi or a schedule override.
+int sm90_forward_consumers(const FwdParams& params);
 // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 as 1, 2, 3; 0 when unset or anything else.
 int sm90_schedule_override();
 // Whether the sm90 forward of params runs the persistent kernel

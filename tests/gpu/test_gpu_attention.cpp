@@ -90,6 +90,27 @@ TEST_P(GpuForwardPersistent, MatchesReference) {
   check_forward(GetParam());
 }
 
+// The cases of head-dim class 64 with three consumer warpgroups in the sm90
+// forward (FLASHATTN_SM90_FWD_CONSUMERS=3: 192-row tiles), one tile per CTA and
+// persistent; softcap / ALiBi cases stay on two consumers (GpuKernelPath).
+class GpuForwardThreeConsumers : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuForwardThreeConsumers, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "3");
+  check_forward(GetParam());
+  if (HasFatalFailure()) return;
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+  check_forward(GetParam());
+}
+
+std::vector<Case> head_dim_64_cases(std::vector<Case> cases) {
+  std::vector<Case> kept;
+  for (const Case& c : cases)
+    if (c.D <= 64 && c.Dv <= 64) kept.push_back(c);
+  return kept;
+}
+
 TEST_P(GpuBackward, MatchesReference) {
   FA_GPU_TEST_OR_SKIP();
   Problem p = make_problem(GetParam());
@@ -122,6 +143,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuForward, ::testing::ValuesIn(gpu_cases(fast_c
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardPersistent, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardPersistent, ::testing::ValuesIn(many_tile_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardThreeConsumers,
+                         ::testing::ValuesIn(head_dim_64_cases(gpu_cases(fast_cases()))), param_name);
+INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardThreeConsumers, ::testing::ValuesIn(head_dim_64_cases(many_tile_cases())),
+                         param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 

@@ -1,14 +1,15 @@
 // FlashAttention forward for sm_90a: TMA loads, wgmma, warp specialization.
 //
-// A CTA works on (128-row query tile, head, sequence) tiles: one per CTA, or,
-// persistent, a sequence of them (tile_scheduler.cuh). Three warpgroups:
+// A CTA works on (query tile, head, sequence) tiles of 128 rows (192 with three
+// consumers, hdim 64): one per CTA, or, persistent, a sequence of them
+// (tile_scheduler.cuh). One producer and two or three consumer warpgroups:
 //   warpgroup 0 (producer): one thread issues the TMA loads of each tile's Q
 //     and of its K and V tiles into two stages each, completing on mbarriers;
 //     it gives its registers away (setmaxnreg) and waits for nothing but free
 //     buffers. The K/V stage and phase counters run on across tiles, and Q has
 //     its own full/empty pair, so the next tile's loads start while the
 //     consumers finish the current one;
-//   warpgroups 1, 2 (consumers): 64 query rows each. Per key tile:
+//   warpgroups 1, 2 (, 3) (consumers): 64 query rows each. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), release K; mask, online
 //     softmax in the accumulator registers; P converts to A fragments in
 //     registers; O += P V (wgmma, V transposed by the instruction), release V.
@@ -35,12 +36,16 @@ using sm80::ScoreTransform;
 using sm80::sequence_bounds;
 using sm80::SequenceBounds;
 
-template <typename T_, int kHeadDim_, bool kMaskDiagonal_>
+// kConsumers_: consumer warpgroups of 64 query rows each. Two everywhere; three
+// (192-row tiles, FA3's choice at hdim 64) at hdim 64 only, where 160
+// registers per consumer thread still hold S, P and O of 128 keys.
+template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2>
 struct FwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256: D and Dv padded up to it
   static constexpr bool kMaskDiagonal = kMaskDiagonal_;
-  static constexpr int kBlockM = 128;  // two consumer warpgroups x 64 rows
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
   // Registers per consumer thread: S is kBlockN / 2, O kHeadDim / 2, P
   // kBlockN / 4. 128 keys: 64 + 64 + 32 at hdim 128; hdim 256 takes 64 keys
   // (32 + 128 + 16) to stay inside the 240 registers setmaxnreg gives.
@@ -48,7 +53,12 @@ struct FwdTraits {
   static constexpr int kColBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks per row
   static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // N of one P V instruction
   static constexpr int kOChunks = kHeadDim / kNO;
-  static constexpr int kThreads = 384;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg: the register file (64 K) split between the producer warpgroup and the consumers.
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "register file");
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers at hdim 64 only");
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // (kBlockM, kHeadDim), later O
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // (kBlockN, kHeadDim)
@@ -177,12 +187,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   if (tid == 0) {
     ::cuda::ptx::mbarrier_init(&bars->q_full, 1);
-    ::cuda::ptx::mbarrier_init(&bars->q_empty, 8);  // one arrival per consumer warp
+    constexpr int kConsumerWarps = 4 * Traits::kConsumers;  // one arrival per consumer warp
+    ::cuda::ptx::mbarrier_init(&bars->q_empty, kConsumerWarps);
     for (int s = 0; s < 2; ++s) {
       ::cuda::ptx::mbarrier_init(&bars->k_full[s], 1);
       ::cuda::ptx::mbarrier_init(&bars->v_full[s], 1);
-      ::cuda::ptx::mbarrier_init(&bars->k_empty[s], 8);
-      ::cuda::ptx::mbarrier_init(&bars->v_empty[s], 8);
+      ::cuda::ptx::mbarrier_init(&bars->k_empty[s], kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&bars->v_empty[s], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -190,13 +201,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Traits::kProducerRegisters) : "memory");
     if (tid == 0) produce<Traits, Scheduler>(args, sQ, sK, sV, bars);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Traits::kConsumerRegisters) : "memory");
 
-  const int wg = warpgroup - 1;      // consumer 0 or 1: tile rows [64 wg, 64 wg + 64)
+  const int wg = warpgroup - 1;      // consumer wg: tile rows [64 wg, 64 wg + 64)
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
@@ -396,16 +407,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       if (lane == 0) ::cuda::ptx::mbarrier_arrive(barrier);
     };
 
-    // Ping-pong turns: warpgroup wg waits on barrier 3 + wg, then lets the other
-    // one go (arrive on 4 - wg). The second warpgroup opens the first turn and
-    // skips its last arrive, so every barrier sees as many arrivals as waits.
+    // Ping-pong turns, round robin: warpgroup wg waits on barrier kTurnBarrier + wg,
+    // then lets the next one go (arrive on the next one's barrier). The last
+    // warpgroup opens the first turn and skips its last arrive, so every barrier
+    // sees as many arrivals as waits. Barriers 1 .. kConsumers are the epilogue's.
+    constexpr int kTurnBarrier = 1 + Traits::kConsumers, kLastConsumer = Traits::kConsumers - 1;
     auto turn_begin = [&] {
-      if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+      if (kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurnBarrier + wg) : "memory");
     };
     auto turn_end = [&](bool last) {
-      if (kPingPong && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
+      const int next = wg == kLastConsumer ? 0 : wg + 1;
+      if (kPingPong && !(last && wg == kLastConsumer))
+        asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier + next) : "memory");
     };
-    if (kPingPong && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    if (kPingPong && wg == kLastConsumer) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier) : "memory");
     int pv_stage = 0;  // kOverlap: stage of the V tile whose P waits in a_p
     uint32_t pv_parity = 0;
     auto step = [&](int n_block, auto masked) {

@@ -24,10 +24,10 @@ constexpr int default_schedule(int head_dim) { return head_dim <= 64 ? 3 : 2; }
 // head) pairs whose K/V fit in half the L2, so the K/V a section reads stay
 // resident while all its query tiles run; the other half is left to the Q
 // and O streams and to the next section's first K/V tiles.
-inline sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes) {
+inline sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes, int block_m) {
   sm90::FwdTileOrder order;
   order.group = static_cast<int>(params.heads / params.heads_kv);
-  order.m_blocks = static_cast<int>((params.seqlen_q + kSm90FwdBlockM - 1) / kSm90FwdBlockM);
+  order.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
   order.heads = static_cast<int>(params.heads);
   order.pairs = static_cast<int>(params.heads * params.batch);
   order.tiles = order.m_blocks * order.pairs;
@@ -39,10 +39,11 @@ inline sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes)
   return order;
 }
 
-template <typename Tag, int kHeadDim, bool kMaskDiagonal>
-fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm90::FwdTraits<typename ElementOf<Tag>::type, kHeadDim, kMaskDiagonal>;
-  static_assert(Traits::kBlockM == kSm90FwdBlockM, "the host numbers persistent tiles with kSm90FwdBlockM");
+// One launch of the sm90 forward with the tile shape of Traits.
+template <class Traits>
+fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kHeadDim = Traits::kHeadDim;
+  static_assert(Traits::kBlockM >= kSm90FwdBlockM, "the host bounds tile numbers with the smallest query tile");
   const int64_t m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (m_blocks == 0 || params.batch == 0 || params.heads == 0) return FA_OK;
   sm90::FwdKernelArgs args{};
@@ -72,6 +73,10 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
                   requested);
     schedule = requested;
   }
+  // Three consumers: the plain kernels at the default schedule only (sm90_forward_consumers).
+  if (Traits::kConsumers != 2 && (extras || schedule != kPlainSchedule))
+    return fail(FA_ERROR_INTERNAL, "sm90 forward: %d consumers only for the plain kernels at schedule v%d",
+                Traits::kConsumers, kPlainSchedule);
   // FLASHATTN_SM90_PERSISTENT=0|1: the persistent kernel (plain kernels, schedules v2 / v3) or one tile per CTA.
   const bool persistent = sm90_forward_persistent(params);
   if (persistent && (extras || schedule == 1))
@@ -81,7 +86,7 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   auto pick = [&](auto extras_tag, auto persistent_tag) {
     constexpr bool kExtras = decltype(extras_tag)::value, kPersistent = decltype(persistent_tag)::value;
     static_assert(!(kExtras && kPersistent), "softcap / ALiBi run one tile per CTA");
-    if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES) {
+    if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES && Traits::kConsumers == 2) {
       if constexpr (kPersistent)
         return schedule == 3 ? sm90::fwd_kernel<Traits, false, 3, true> : sm90::fwd_kernel<Traits, false, 2, true>;
       else
@@ -95,8 +100,8 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   if (persistent) {
     int multiprocessors = 0, l2_bytes = 0;
     FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
-    args.order = make_tile_order(params, l2_bytes);
-    // One CTA per SM: 384 threads at 168 registers take the whole register file.
+    args.order = make_tile_order(params, l2_bytes, Traits::kBlockM);
+    // One CTA per SM: its threads at their registers take the whole register file.
     const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
     auto kernel = pick(std::false_type{}, std::true_type{});
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -104,12 +109,28 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   } else {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
                     static_cast<unsigned>(params.batch));
-    auto kernel = extras ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    if constexpr (Traits::kConsumers == 2) {
+      auto kernel = extras ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    } else {
+      auto kernel = pick(std::false_type{}, std::false_type{});
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    }
   }
   FA_CUDA_CHECK(cudaGetLastError());
   return FA_OK;
+}
+
+template <typename Tag, int kHeadDim, bool kMaskDiagonal>
+fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+  using T = typename ElementOf<Tag>::type;
+  if constexpr (kHeadDim == 64) {
+    if (sm90_forward_consumers(params) == 3)
+      return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 3>>(params, stream);
+  }
+  return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 2>>(params, stream);
 }
 
 }  // namespace flashattn::cuda
