@@ -244,6 +244,7 @@ int sm90_forward_consumers(const FwdParams& params) {
   const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");
   if (forced != nullptr && std::strcmp(forced, "3") == 0) return 3;
   if (forced != nullptr && std::strcmp(forced, "2") == 0) return 2;
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) return sm90_forward_persistent(params) ? 2 : 1;
   return kSm90ThreeConsumersByDefault ? 3 : 2;
 }
 

@@ -90,12 +90,19 @@ TEST_P(GpuForwardPersistent, MatchesReference) {
   check_forward(GetParam());
 }
 
-// The cases of head-dim class 64 with three consumer warpgroups in the sm90
-// forward (FLASHATTN_SM90_FWD_CONSUMERS=3: 192-row tiles), one tile per CTA and
-// persistent; softcap / ALiBi cases stay on two consumers (GpuKernelPath).
-class GpuForwardThreeConsumers : public ::testing::TestWithParam<Case> {};
+// The cases of head-dim class 64 with one and with three consumer warpgroups in
+// the sm90 forward (FLASHATTN_SM90_FWD_CONSUMERS: 64- and 192-row tiles), one
+// tile per CTA, and three also persistent; softcap / ALiBi cases stay on two
+// consumers (GpuKernelPath). Elsewhere these repeat GpuForward.
+class GpuForwardConsumers : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GpuForwardThreeConsumers, MatchesReference) {
+TEST_P(GpuForwardConsumers, OneMatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "1");
+  check_forward(GetParam());
+}
+
+TEST_P(GpuForwardConsumers, ThreeMatchReference) {
   FA_GPU_TEST_OR_SKIP();
   const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "3");
   check_forward(GetParam());
@@ -143,9 +150,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuForward, ::testing::ValuesIn(gpu_cases(fast_c
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardPersistent, ::testing::ValuesIn(gpu_cases(fast_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardPersistent, ::testing::ValuesIn(many_tile_cases()), param_name);
-INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardThreeConsumers,
+INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardConsumers,
                          ::testing::ValuesIn(head_dim_64_cases(gpu_cases(fast_cases()))), param_name);
-INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardThreeConsumers, ::testing::ValuesIn(head_dim_64_cases(many_tile_cases())),
+INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardConsumers, ::testing::ValuesIn(head_dim_64_cases(many_tile_cases())),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);

@@ -36,9 +36,10 @@ using sm80::ScoreTransform;
 using sm80::sequence_bounds;
 using sm80::SequenceBounds;
 
-// kConsumers_: consumer warpgroups of 64 query rows each. Two everywhere; three
-// (192-row tiles, FA3's choice at hdim 64) at hdim 64 only, where 160
-// registers per consumer thread still hold S, P and O of 128 keys.
+// kConsumers_: consumer warpgroups of 64 query rows each. Two everywhere; at
+// hdim 64 also three (192-row tiles, FA3's choice there; 160 registers per
+// consumer thread still hold S, P and O of 128 keys) or one (64-row tiles,
+// two CTAs per SM, so one CTA's start and end overlap the other's GEMMs).
 template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2>
 struct FwdTraits {
   using T = T_;
@@ -55,16 +56,18 @@ struct FwdTraits {
   static constexpr int kOChunks = kHeadDim / kNO;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: the register file (64 K) split between the producer warpgroup and the consumers.
-  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
-  static_assert(128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "register file");
-  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers at hdim 64 only");
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
+  static constexpr int kProducerRegisters = kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+  static_assert(kCtasPerSm * 128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "register file");
+  static_assert(kConsumers == 2 || kHeadDim == 64, "one or three consumers at hdim 64 only");
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // (kBlockM, kHeadDim), later O
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // (kBlockN, kHeadDim)
   static constexpr int kBarrierBytes = 64;
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0, "column blocks of 64 elements");
+  static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "shared memory per SM");
 };
 
 // The kernel's argument block: the tensor maps (64-byte aligned, first), the
@@ -163,7 +166,7 @@ __device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, 
 // builds it for the plain kernels under schedules 2 and 3 only (softcap and
 // ALiBi run v1, which stays one tile per CTA).
 template <class Traits, bool kExtras, int kSchedule, bool kPersistent>
-__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   using T = typename Traits::T;
   using Scheduler = FwdTileScheduler<kPersistent, Traits::kMaskDiagonal>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;

@@ -61,7 +61,8 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
                            params.v_layout, Traits::kBlockN));
   const bool extras = params.softcap > 0.0f || params.alibi_slopes != nullptr;
   // Softcap / ALiBi kernels spill under v2 and v3 (up to 470 bytes at hdim 128): they run v1.
-  constexpr int kPlainSchedule = default_schedule(kHeadDim);
+  // One consumer has no partner to ping-pong with: v2.
+  constexpr int kPlainSchedule = Traits::kConsumers == 1 ? 2 : default_schedule(kHeadDim);
   int schedule = extras ? 1 : kPlainSchedule;
   // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 picks the consumer schedule (A/B in one process) in builds
   // with -DFLASHATTN_CUDA_SM90_ALL_SCHEDULES=ON.
@@ -73,13 +74,13 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
                   requested);
     schedule = requested;
   }
-  // Three consumers: the plain kernels at the default schedule only (sm90_forward_consumers).
+  // One or three consumers: the plain kernels at the default schedule only (sm90_forward_consumers).
   if (Traits::kConsumers != 2 && (extras || schedule != kPlainSchedule))
     return fail(FA_ERROR_INTERNAL, "sm90 forward: %d consumers only for the plain kernels at schedule v%d",
                 Traits::kConsumers, kPlainSchedule);
   // FLASHATTN_SM90_PERSISTENT=0|1: the persistent kernel (plain kernels, schedules v2 / v3) or one tile per CTA.
   const bool persistent = sm90_forward_persistent(params);
-  if (persistent && (extras || schedule == 1))
+  if (persistent && (extras || schedule == 1 || Traits::kConsumers == 1))
     return fail(FA_ERROR_INTERNAL, "sm90 forward: no persistent kernel for schedule v%d or softcap / ALiBi", schedule);
   // The kernels of this unit: plain and softcap/ALiBi, one tile per CTA, at
   // every compiled schedule; plain persistent at schedules 2 and 3.
@@ -98,14 +99,16 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     }
   };
   if (persistent) {
-    int multiprocessors = 0, l2_bytes = 0;
-    FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
-    args.order = make_tile_order(params, l2_bytes, Traits::kBlockM);
-    // One CTA per SM: its threads at their registers take the whole register file.
-    const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
-    auto kernel = pick(std::false_type{}, std::true_type{});
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    if constexpr (Traits::kConsumers != 1) {  // no persistent kernel with one consumer (checked above)
+      int multiprocessors = 0, l2_bytes = 0;
+      FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
+      args.order = make_tile_order(params, l2_bytes, Traits::kBlockM);
+      // One CTA per SM: its threads at their registers take the whole register file.
+      const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
+      auto kernel = pick(std::false_type{}, std::true_type{});
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    }
   } else {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
                     static_cast<unsigned>(params.batch));
@@ -127,8 +130,9 @@ template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using T = typename ElementOf<Tag>::type;
   if constexpr (kHeadDim == 64) {
-    if (sm90_forward_consumers(params) == 3)
-      return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 3>>(params, stream);
+    const int consumers = sm90_forward_consumers(params);
+    if (consumers == 3) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 3>>(params, stream);
+    if (consumers == 1) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 1>>(params, stream);
   }
   return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 2>>(params, stream);
 }
