@@ -235,17 +235,20 @@ bool sm90_forward_persistent(const FwdParams& params) {
   return kSm90PersistentByDefault;
 }
 
-// Three consumer warpgroups (192-row tiles) at hdim 64, as FA3 does there: more
-// warps to interleave the softmax, which weighs most at hdim 64, with the GEMMs.
-constexpr bool kSm90ThreeConsumersByDefault = false;
-
-int sm90_forward_consumers(const FwdParams& params) {
+// Consumer warpgroups of the hdim-64 sm90 forward, measured on the H200
+// (BENCHMARKS.md, session 6 run 2, round-robin timing): without a diagonal
+// mask three (192-row tiles, as FA3): +7-24 % over two at N >= 4k, the
+// softmax of one warpgroup overlapping the GEMMs of two; with one, one
+// (64-row tiles, two CTAs per SM): +6-9 % over two at every N, where three
+// lose at 1k-8k (its diagonal kernel spills 80 bytes).
+int sm90_forward_consumers(const FwdParams& params, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() != 0) return 2;
   const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");
-  if (forced != nullptr && std::strcmp(forced, "3") == 0) return 3;
-  if (forced != nullptr && std::strcmp(forced, "2") == 0) return 2;
-  if (forced != nullptr && std::strcmp(forced, "1") == 0) return sm90_forward_persistent(params) ? 2 : 1;
-  return kSm90ThreeConsumersByDefault ? 3 : 2;
+  int consumers = mask_diagonal ? 1 : 3;
+  if (forced != nullptr && std::strcmp(forced, "3") == 0) consumers = 3;
+  if (forced != nullptr && std::strcmp(forced, "2") == 0) consumers = 2;
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) consumers = 1;
+  return consumers == 1 && sm90_forward_persistent(params) ? 2 : consumers;
 }
 
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes) {

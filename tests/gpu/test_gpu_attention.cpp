@@ -90,15 +90,25 @@ TEST_P(GpuForwardPersistent, MatchesReference) {
   check_forward(GetParam());
 }
 
-// The cases of head-dim class 64 with one and with three consumer warpgroups in
-// the sm90 forward (FLASHATTN_SM90_FWD_CONSUMERS: 64- and 192-row tiles), one
-// tile per CTA, and three also persistent; softcap / ALiBi cases stay on two
-// consumers (GpuKernelPath). Elsewhere these repeat GpuForward.
+// The cases of head-dim class 64 with one, two and three consumer warpgroups in
+// the sm90 forward (FLASHATTN_SM90_FWD_CONSUMERS: 64-, 128- and 192-row tiles;
+// the defaults are 1 under a diagonal mask, 3 without), one tile per CTA, and
+// two and three also persistent; softcap / ALiBi cases stay on two consumers.
+// Elsewhere these repeat GpuForward.
 class GpuForwardConsumers : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuForwardConsumers, OneMatchesReference) {
   FA_GPU_TEST_OR_SKIP();
   const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "1");
+  check_forward(GetParam());
+}
+
+TEST_P(GpuForwardConsumers, TwoMatchReference) {
+  FA_GPU_TEST_OR_SKIP();
+  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "2");
+  check_forward(GetParam());
+  if (HasFatalFailure()) return;
+  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
   check_forward(GetParam());
 }
 

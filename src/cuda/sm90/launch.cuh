@@ -130,7 +130,7 @@ template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using T = typename ElementOf<Tag>::type;
   if constexpr (kHeadDim == 64) {
-    const int consumers = sm90_forward_consumers(params);
+    const int consumers = sm90_forward_consumers(params, kMaskDiagonal);
     if (consumers == 3) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 3>>(params, stream);
     if (consumers == 1) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 1>>(params, stream);
   }
