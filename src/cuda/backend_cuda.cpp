@@ -237,7 +237,7 @@ bool sm90_forward_persistent(const FwdParams& params) {
 
 // Consumer warpgroups of the hdim-64 sm90 forward, measured on the H200
 // (BENCHMARKS.md, session 6 run 2, round-robin timing): without a diagonal
-// mask three (192-row tiles, as FA3): +7-24 % over two at N >= 4k, the
+// mask three (192-row tiles, as FA3): +7-24 % over two at every N, the
 // softmax of one warpgroup overlapping the GEMMs of two; with one, one
 // (64-row tiles, two CTAs per SM): +6-9 % over two at every N, where three
 // lose at 1k-8k (its diagonal kernel spills 80 bytes).
