@@ -32,18 +32,20 @@ from fa_ctypes import FlashAttn  # noqa: E402
 MIB = 1 << 20
 
 
+def one_call_ms(fn):
+    """One call of fn between two CUDA events, in ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_ms(fn, warmup=3, reps=10):
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(one_call_ms(fn) for _ in range(reps))
 
 
 def time_interleaved(fns, rounds=5, reps=3, warmup=2):
@@ -63,13 +65,7 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2):
             errors[name] = error
     for _ in range(rounds):
         for name, fn in alive.items():
-            for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end))
+            times[name] += [one_call_ms(fn) for _ in range(reps)]
     return {name: statistics.median(times[name]) if name in alive else None for name in fns}, errors
 
 

@@ -95,30 +95,30 @@ TEST_P(GpuForwardPersistent, MatchesReference) {
 // the defaults are 1 under a diagonal mask, 3 without), one tile per CTA, and
 // two and three also persistent; softcap / ALiBi cases stay on two consumers.
 // Elsewhere these repeat GpuForward.
-class GpuForwardConsumers : public ::testing::TestWithParam<Case> {};
+class GpuForwardConsumers : public ::testing::TestWithParam<Case> {
+ protected:
+  void check_with(const char* consumers, bool also_persistent) {
+    const ScopedEnv count("FLASHATTN_SM90_FWD_CONSUMERS", consumers);
+    check_forward(GetParam());
+    if (HasFatalFailure() || !also_persistent) return;
+    const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
+    check_forward(GetParam());
+  }
+};
 
 TEST_P(GpuForwardConsumers, OneMatchesReference) {
   FA_GPU_TEST_OR_SKIP();
-  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "1");
-  check_forward(GetParam());
+  check_with("1", false);  // no persistent kernel with one consumer
 }
 
 TEST_P(GpuForwardConsumers, TwoMatchReference) {
   FA_GPU_TEST_OR_SKIP();
-  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "2");
-  check_forward(GetParam());
-  if (HasFatalFailure()) return;
-  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
-  check_forward(GetParam());
+  check_with("2", true);
 }
 
 TEST_P(GpuForwardConsumers, ThreeMatchReference) {
   FA_GPU_TEST_OR_SKIP();
-  const ScopedEnv consumers("FLASHATTN_SM90_FWD_CONSUMERS", "3");
-  check_forward(GetParam());
-  if (HasFatalFailure()) return;
-  const ScopedEnv persistent("FLASHATTN_SM90_PERSISTENT", "1");
-  check_forward(GetParam());
+  check_with("3", true);
 }
 
 std::vector<Case> head_dim_64_cases(std::vector<Case> cases) {
