@@ -87,7 +87,6 @@ if has_stage bench; then
   tail -5 "$OUT/bench_stderr.log" >>"$SUMMARY"
 fi
 
-# Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
 # Issue 5's forward table (N = 1k, 4k, 8k, 16k): ours, one tile per CTA and persistent, FA2, cuDNN.
 if has_stage fwdtable; then
   PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_FWDTABLE_TIMEOUT:-200}" \
@@ -96,6 +95,7 @@ if has_stage fwdtable; then
   note "== forward table exit $?"
 fi
 
+# Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
 if has_stage decode; then
   PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
     --out "$OUT" ${FA_DECODE_ARGS:-} >"$OUT/decode_table.txt" 2>&1

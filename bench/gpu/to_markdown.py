@@ -34,7 +34,8 @@ def grid(results):
 
 def forward(results, matmul):
     variants = [k for k in results[0] if k.startswith("ours")]
-    print("| dtype | D | N | causal | " + " | ".join(variants) + " | FA2 | cuDNN | ours/cuDNN | ours/FA2 | ours/matmul |")
+    print("| dtype | D | N | causal | " + " | ".join(variants)
+          + " | FA2 | cuDNN | ours/cuDNN | ours/FA2 | ours/matmul |")
     print("|" + "---|" * (9 + len(variants)))
     for r in results:
         print(f"| {r['dtype']} | {r['D']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "

@@ -236,11 +236,12 @@ bool sm90_forward_persistent(const FwdParams& params) {
 }
 
 // Consumer warpgroups of the hdim-64 sm90 forward, measured on the H200
-// (BENCHMARKS.md, session 6 run 2, round-robin timing): without a diagonal
-// mask three (192-row tiles, as FA3): +7-24 % over two at every N, the
-// softmax of one warpgroup overlapping the GEMMs of two; with one, one
-// (64-row tiles, two CTAs per SM): +6-9 % over two at every N, where three
-// lose at 1k-8k (its diagonal kernel spills 80 bytes).
+// (BENCHMARKS.md, session 6 runs 2 and final, round-robin timing): without a
+// diagonal mask three (192-row tiles, as FA3): +8-27 % over two at every N,
+// the softmax of one warpgroup overlapping the GEMMs of two; with one, one
+// (64-row tiles, two CTAs per SM): +7-10 % over two at every N. Three under
+// a diagonal mask trail one at every N (0.71x of two at 1k; its diagonal
+// kernel spills 80 bytes).
 int sm90_forward_consumers(const FwdParams& params, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() != 0) return 2;
   const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");

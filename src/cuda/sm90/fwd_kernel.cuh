@@ -166,7 +166,8 @@ __device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, 
 // builds it for the plain kernels under schedules 2 and 3 only (softcap and
 // ALiBi run v1, which stays one tile per CTA).
 template <class Traits, bool kExtras, int kSchedule, bool kPersistent>
-__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
+    fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   using T = typename Traits::T;
   using Scheduler = FwdTileScheduler<kPersistent, Traits::kMaskDiagonal>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;

@@ -112,15 +112,12 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   } else {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
                     static_cast<unsigned>(params.batch));
-    if constexpr (Traits::kConsumers == 2) {
-      auto kernel = extras ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-    } else {
-      auto kernel = pick(std::false_type{}, std::false_type{});
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    auto kernel = pick(std::false_type{}, std::false_type{});
+    if constexpr (Traits::kConsumers == 2) {  // softcap / ALiBi kernels exist with two consumers only
+      if (extras) kernel = pick(std::true_type{}, std::false_type{});
     }
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   }
   FA_CUDA_CHECK(cudaGetLastError());
   return FA_OK;
