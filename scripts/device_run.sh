@@ -13,7 +13,8 @@
 #                                            "profile": ncu on the backward kernel,
 #                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
-#                                            "overhead": host cost of the Python op layer on CUDA)
+#                                            "overhead": host cost of the Python op layer on CUDA,
+#                                            "reference": A/B against FA_REFERENCE_SRC in one process)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_GENCODE=""                            CMake's FLASHATTN_CUDA_GENCODE (default: sm_80 + sm_90a)
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
@@ -93,6 +94,28 @@ if has_stage fwdtable; then
     python3 bench/gpu/bench_gpu.py --out "$OUT" --fwd-only --sm90-persistent-ab ${FA_FWDTABLE_ARGS:-} \
     >"$OUT/bench_fwd_table.txt" 2>>"$OUT/bench_stderr.log"
   note "== forward table exit $?"
+fi
+
+# A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
+# previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
+# classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16) times both builds in
+# the same rounds (bench_gpu.py --reference-lib).
+if has_stage reference; then
+  start=$(date +%s)
+  cmake -S "${FA_REFERENCE_SRC:?a source tree to compare against}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >"$OUT/reference_build.log" 2>&1 &&
+    ninja -C build-ref -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
+  if [ $? -eq 0 ]; then
+    mkdir -p /tmp/reference_bench
+    PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_REFERENCE_TIMEOUT:-300}" \
+      python3 bench/gpu/bench_gpu.py --out /tmp/reference_bench --skip-extra --dtypes "${FA_REFERENCE_DTYPES:-bf16}" \
+      --reference-lib "$PWD/build-ref/libflashattn.so" >"$OUT/bench_reference.txt" 2>>"$OUT/reference_build.log"
+    note "== reference A/B: exit $?, $(( $(date +%s) - start )) s"
+    cp /tmp/reference_bench/bench_gpu.json "$OUT/bench_gpu_reference.json"
+  else
+    note "== reference build FAILED"; grep -m10 -A3 error "$OUT/reference_build.log" >>"$SUMMARY"
+  fi
 fi
 
 # Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
@@ -189,12 +212,14 @@ if has_stage overhead; then
 fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
-(cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=summary.txt --exclude=bench_table.txt \
-  --exclude=bench_gpu.json --exclude=bench_decode.json --exclude=bench_gpu_fwd.json --exclude=bench_fwd_table.txt . &&
-  find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name summary.txt ! -name bench_table.txt ! -name bench_gpu.json \
-  ! -name bench_decode.json ! -name bench_gpu_fwd.json ! -name bench_fwd_table.txt -exec rm -rf {} +)
+keep=(summary.txt bench_table.txt bench_gpu.json bench_decode.json bench_gpu_fwd.json bench_fwd_table.txt
+  bench_reference.txt bench_gpu_reference.json)
+# (The archive is written outside $OUT: tar fails on a directory that changes as it reads it.)
+(cd "$OUT" && tar czf /tmp/fa_logs.tar.gz "${keep[@]/#/--exclude=}" . && mv /tmp/fa_logs.tar.gz logs.tar.gz &&
+  find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz $(printf ' ! -name %s' "${keep[@]}") -exec rm -rf {} +)
 
 cat "$SUMMARY"
 [ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"
 [ -f "$OUT/bench_fwd_table.txt" ] && cat "$OUT/bench_fwd_table.txt"
+[ -f "$OUT/bench_reference.txt" ] && cat "$OUT/bench_reference.txt"
 exit 0

@@ -139,7 +139,8 @@ class scoped_env:
             os.environ[self.name] = self.saved
 
 
-def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
+def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False, reference=None):
+    """reference: a second FlashAttn (another build of this library), timed in the same rounds as "ref"."""
     for dtype in dtypes:
         for D in dims:
             for N in lengths:
@@ -149,6 +150,9 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                 for causal in (False, True):
                     ours = Ours(fa, q, k, v, dout, causal)
                     runners = {"ours": (ours.fwd, ours.fwdbwd)}
+                    if reference is not None:
+                        ref = Ours(reference, q, k, v, dout, causal)
+                        runners["ref"] = (ref.fwd, ref.fwdbwd)
                     for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         if not ours_only:
                             runners[name] = torch_runner(backend, q, k, v, dout, causal)
@@ -181,6 +185,9 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                         if mode == "fwdbwd" and not ours_only:
                             det = Ours(fa, q, k, v, dout, causal, deterministic=True)
                             group["ours_det"] = det.fwdbwd
+                            if reference is not None:
+                                ref_det = Ours(reference, q, k, v, dout, causal, deterministic=True)
+                                group["ref_det"] = ref_det.fwdbwd
                             row["bwd_path"] = kernel_path(fa, ours.bwd_args, "fa_bwd_kernel_path")
                             # The same call on the sm80 backward where sm90 serves the shape.
                             if row["bwd_path"] == "cuda-sm90":
@@ -190,11 +197,12 @@ def bench_grid(fa, dtypes, dims, lengths, results, log, ours_only=False):
                             log.write(f"{name} {row}: {error}\n")
                         for name, ms in medians.items():
                             row[name] = None if ms is None else flops(B, H, N, D, causal, mode) / ms / 1e9
-                        del det
+                        det = ref_det = None
                         results.append(row)
                         log.write(json.dumps(row) + "\n")
                         log.flush()
                     del ours, runners
+                    ref = None
                 del q, k, v, dout
                 torch.cuda.empty_cache()
 
@@ -377,6 +385,9 @@ def main():
     parser.add_argument("--fwd-only", action="store_true",
                         help="forward table only, N = 1k, 4k, 8k, 16k: ours (and forced sm80) vs FA2 vs cuDNN")
     parser.add_argument("--lengths", default="1024,4096,8192,16384", help="sequence lengths of --fwd-only")
+    parser.add_argument("--reference-lib", default=None,
+                        help="another build of libflashattn.so (e.g. the previous commit), timed in the same rounds: "
+                             "columns ref and ref_det")
     parser.add_argument("--sm90-persistent-ab", action="store_true",
                         help="--fwd-only: also time our forward with FLASHATTN_SM90_PERSISTENT=0 (one tile per CTA) "
                              "and =1 (persistent), columns 'tile' and 'persistent'")
@@ -403,7 +414,9 @@ def main():
     if args.quick:
         bench_grid(fa, [torch.bfloat16], [128], [4096], results, log)
     else:
-        bench_grid(fa, dtypes, dims, [1024, 4096, 16384], results, log, ours_only=args.ours_only)
+        reference = FlashAttn(args.reference_lib) if args.reference_lib else None
+        bench_grid(fa, dtypes, dims, [1024, 4096, 16384], results, log, ours_only=args.ours_only,
+                   reference=reference)
     if not args.skip_extra:
         summary["memory"] = peak_memory(fa)
         summary["long_sequence"] = long_sequence_check(fa)
@@ -447,6 +460,16 @@ def main():
         print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {fmt(r['ours'])} "
               f"{fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio:.2f} | {det} | {bwd} | {r['max_diff_vs_fa2']:.1e} "
               f"{r['max_grad_diff_vs_fa2']:.1e}")
+    if args.reference_lib:
+        print(f"Against the reference build {args.reference_lib} (same rounds): "
+              "dtype D N causal mode | ours ref ours/ref | det ref_det det/ref_det")
+        for r in results:
+            det = ""
+            if r.get("ours_det") and r.get("ref_det"):
+                det = f"{r['ours_det']:.0f} {r['ref_det']:.0f} {r['ours_det'] / r['ref_det']:.2f}"
+            ratio = r["ours"] / r["ref"] if r.get("ours") and r.get("ref") else float("nan")
+            print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {fmt(r['ours'])} "
+                  f"{fmt(r.get('ref'))} {ratio:.2f} | {det}")
 
 
 if __name__ == "__main__":

@@ -299,10 +299,22 @@ int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   return 0;
 }
 
-BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_value) {
+namespace {
+// The sm90 deterministic backward without a mask starts each key tile's CTA
+// at its own query tile and needs two dQ copies (sm90/bwd_kernel.cuh,
+// BwdItems); its int32 tile arithmetic needs (M + 1) C < 2^31.
+int deterministic_dq_copies(const BwdParams& params, bool sm90) {
+  if (!sm90 || !params.deterministic || params.window_left >= 0 || params.window_right >= 0) return 1;
+  const int64_t tiles_q = params.seqlen_q / kSm90BwdBlockM + 2, tiles_k = params.seqlen_k / kSm90BwdBlockM + 1;
+  return tiles_q * tiles_k < (int64_t(1) << 31) ? 2 : 1;
+}
+}  // namespace
+
+BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_value, bool sm90) {
   BwdWorkspace layout;
+  layout.dq_copies = deterministic_dq_copies(params, sm90);
   const int64_t group = params.heads / params.heads_kv;
-  const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float);
+  const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float) * layout.dq_copies;
   int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
   heads = std::max<int64_t>(group, heads / group * group);
   layout.heads_per_pass = static_cast<int>(std::min<int64_t>(heads, params.heads));
@@ -311,7 +323,8 @@ BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_va
   const int64_t m_blocks = (params.seqlen_q + block_m - 1) / block_m;
   layout.dq_accum_bytes = bytes_per_head * layout.heads_per_pass;
   layout.delta_bytes = size_t(params.heads) * size_t(params.total_q) * sizeof(float);
-  layout.semaphore_bytes = params.deterministic ? size_t(params.batch) * layout.heads_per_pass * m_blocks * 4 : 0;
+  layout.semaphore_bytes =
+      params.deterministic ? size_t(params.batch) * layout.heads_per_pass * m_blocks * kSemaphoresPerQueryTile * 4 : 0;
   layout.dq_accum_offset = 0;
   layout.delta_offset = align_up(layout.dq_accum_offset + layout.dq_accum_bytes);
   layout.semaphore_offset = align_up(layout.delta_offset + layout.delta_bytes);
@@ -387,7 +400,8 @@ int bwd_accum_head_dim(const BwdParams& params, bool sm90) {
 }
 
 size_t bwd_workspace_bytes(const BwdParams& params) {
-  return bwd_workspace_layout(params, bwd_accum_head_dim(params, use_sm90_backward(params))).total;
+  const bool sm90 = use_sm90_backward(params);
+  return bwd_workspace_layout(params, bwd_accum_head_dim(params, sm90), sm90).total;
 }
 
 fa_status bwd(const BwdParams& params, void* workspace) {
@@ -399,7 +413,7 @@ fa_status bwd(const BwdParams& params, void* workspace) {
   FA_CUDA_CHECK(guard.status());
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   const bool sm90 = use_sm90_backward(params);
-  const BwdWorkspace layout = bwd_workspace_layout(params, bwd_accum_head_dim(params, sm90));
+  const BwdWorkspace layout = bwd_workspace_layout(params, bwd_accum_head_dim(params, sm90), sm90);
   if (sm90)
     return dispatch_dtype(params.dtype, [&](auto tag) {
       return dispatch_sm90_bwd_head_dim(sm90_bwd_head_dim_class(params.head_dim, params.head_dim_v), [&](auto head_dim) {

@@ -22,13 +22,19 @@ namespace flashattn::cuda {
 struct fp16_tag {};
 struct bf16_tag {};
 
+// Deterministic backward: semaphores per query tile, one per dQ copy and
+// consumer warpgroup of the sm90 kernels (the sm80 kernel needs one).
+constexpr int kSemaphoresPerQueryTile = 4;
+
 // Layout of the backward workspace (byte offsets; sizes exact).
 struct BwdWorkspace {
-  size_t dq_accum_offset = 0, dq_accum_bytes = 0;  // fp32 (total_q, heads_per_pass, kHeadDim)
+  size_t dq_accum_offset = 0, dq_accum_bytes = 0;  // fp32 (dq_copies, total_q, heads_per_pass, kHeadDim)
   size_t delta_offset = 0, delta_bytes = 0;        // fp32 (H, total_q): rowsum(dO * O)
-  size_t semaphore_offset = 0, semaphore_bytes = 0;  // int32 (B, heads_per_pass, m_blocks), deterministic only
+  // int32 (B, heads_per_pass, m_blocks, kSemaphoresPerQueryTile), deterministic only
+  size_t semaphore_offset = 0, semaphore_bytes = 0;
   size_t total = 0;
   int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
+  int dq_copies = 1;       // 2 for the sm90 deterministic backward without a mask (BwdItems' rotated order)
 };
 
 // What every CUDA entry point checks first: fp16 or bf16, compiled into this
@@ -37,7 +43,8 @@ fa_status check_dtype_and_device(fa_dtype dtype, int device_index);
 
 // Head-dimension class of the compiled kernels for D, Dv, or 0 if none fits.
 int head_dim_class(int64_t head_dim, int64_t head_dim_v);
-BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class);
+// sm90: the layout of the sm90 backward (else the sm80 one).
+BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class, bool sm90);
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd(const FwdParams& params, cudaStream_t stream);

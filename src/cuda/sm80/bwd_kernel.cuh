@@ -41,10 +41,13 @@ struct BwdTraits {
 
 // Extra arguments of one backward pass (a slice of query heads).
 struct BwdPass {
-  float* dq_accum = nullptr;   // (total_q, heads_per_pass, kHeadDim)
+  float* dq_accum = nullptr;     // (dq_copies, total_q, heads_per_pass, kHeadDim)
   const float* delta = nullptr;  // (H, total_q)
-  int* semaphores = nullptr;   // (B, heads_per_pass, m_blocks)
+  int* semaphores = nullptr;     // (B, heads_per_pass, m_blocks, kSemaphoresPerQueryTile)
   int head_begin = 0, heads_per_pass = 0, m_blocks = 0;
+  // 2: the sm90 deterministic backward's rotated order (sm90/bwd_kernel.cuh, BwdItems)
+  int dq_copies = 1;
+  int64_t dq_copy_floats = 0;  // total_q * heads_per_pass * kHeadDim
 };
 
 __device__ __forceinline__ int64_t packed_q_row0(const AttnParams& params, const SequenceBounds& seq, int b) {
@@ -74,24 +77,30 @@ __global__ void bwd_delta_kernel(const __grid_constant__ BwdParams params, float
   if (lane == 0) delta[int64_t(h) * params.total_q + r] = sum;
 }
 
-// dQ[r, h, :] = scale * dq_accum[r, h - head_begin, :], 8 columns per thread.
+// dQ[r, h, :] = scale * sum over the copies c of dq_accum[c, r, h - head_begin, :]
+// (copy 0 first), 8 columns per thread.
 template <typename T, int kHeadDim>
-__global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const float* dq_accum, int head_begin,
-                                      int heads_per_pass) {
+__global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const BwdPass pass) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / (kHeadDim / 8)) + threadIdx.x / (kHeadDim / 8);
   const int col = (threadIdx.x % (kHeadDim / 8)) * 8, hp = blockIdx.y;
   if (r >= params.total_q || col >= params.head_dim) return;
   const int b = params.is_varlen ? 0 : static_cast<int>(r / params.seqlen_q);
   const int64_t i = params.is_varlen ? r : r % params.seqlen_q;
-  const float* src = dq_accum + (r * heads_per_pass + hp) * kHeadDim + col;
-  const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+  const float* src = pass.dq_accum + (r * pass.heads_per_pass + hp) * kHeadDim + col;
+  float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+  if (pass.dq_copies == 2) {
+    const float4 lo1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats);
+    const float4 hi1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats + 4);
+    lo = make_float4(lo.x + lo1.x, lo.y + lo1.y, lo.z + lo1.z, lo.w + lo1.w);
+    hi = make_float4(hi.x + hi1.x, hi.y + hi1.y, hi.z + hi1.z, hi.w + hi1.w);
+  }
   const float scale = params.softmax_scale;
   uint4 packed;
   packed.x = Pack2<T>::pack(lo.x * scale, lo.y * scale);
   packed.y = Pack2<T>::pack(lo.z * scale, lo.w * scale);
   packed.z = Pack2<T>::pack(hi.x * scale, hi.y * scale);
   packed.w = Pack2<T>::pack(hi.z * scale, hi.w * scale);
-  T* dst = static_cast<T*>(params.dq) + row_offset(params.dq_layout, b, i, head_begin + hp) + col;
+  T* dst = static_cast<T*>(params.dq) + row_offset(params.dq_layout, b, i, pass.head_begin + hp) + col;
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 

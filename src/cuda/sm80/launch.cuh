@@ -64,6 +64,8 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
   pass.semaphores = params.deterministic ? reinterpret_cast<int*>(base + layout.semaphore_offset) : nullptr;
   pass.heads_per_pass = layout.heads_per_pass;
   pass.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
+  pass.dq_copies = layout.dq_copies;
+  pass.dq_copy_floats = int64_t(params.total_q) * layout.heads_per_pass * kHeadDim;
   for (int head_begin = 0; head_begin < params.heads; head_begin += layout.heads_per_pass) {
     pass.head_begin = head_begin;
     if (layout.dq_accum_bytes > 0)
@@ -76,8 +78,7 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
       constexpr int kThreads = 256, kRowsPerBlock = kThreads / (kHeadDim / 8);
       const dim3 grid_dq(static_cast<unsigned>((params.total_q + kRowsPerBlock - 1) / kRowsPerBlock),
                          static_cast<unsigned>(heads_this_pass));
-      sm80::bwd_convert_dq_kernel<T, kHeadDim><<<grid_dq, kThreads, 0, stream>>>(params, pass.dq_accum, head_begin,
-                                                                                  layout.heads_per_pass);
+      sm80::bwd_convert_dq_kernel<T, kHeadDim><<<grid_dq, kThreads, 0, stream>>>(params, pass);
       FA_CUDA_CHECK(cudaGetLastError());
     }
   }

@@ -26,6 +26,7 @@
 
 #include <cuda/ptx>
 
+#include "cuda/launch.hpp"           // kSemaphoresPerQueryTile
 #include "cuda/sm80/bwd_kernel.cuh"  // BwdPass, packed_q_row0, red_add_f32x2, semaphores
 #include "cuda/sm90/fwd_kernel.cuh"  // wait_barrier, tma_load, swizzled_offset, named_barrier_sync
 
@@ -90,12 +91,24 @@ struct BwdBarriers {
 // causal mask a CTA's first query tile is the diagonal one, where it comes
 // first: the CTAs of one head hand over without waiting for each other. The
 // default mode keeps query tiles descending (no order among the adds).
+//
+// Without a mask every CTA would start at query tile 0 and each would wait
+// for the one before: a chain of hand-offs as long as the key tiles. There
+// (pass.dq_copies == 2) CTA n starts at query tile first_query_tile =
+// floor(n M / C) (M query tiles, C key tiles) and wraps around: tiles
+// [first, M) add into dQ copy 0, tiles [0, first) into copy 1, each copy in
+// descending key-tile order. That is the order in which the CTAs, running
+// side by side, reach a query tile, so a hand-off rarely waits, and every
+// wait is still on a CTA that started earlier. The convert pass sums the
+// copies in a fixed order.
 template <int kBlockM, int kBlockN>
 struct BwdItems {
   int shift, window_left, window_right, len_q, len_k;
-  int n_block, m_blocks, h_end;
+  int n_block, m_blocks, h_end, first_query_tile;
+  bool rotated;
 
-  __device__ __forceinline__ static BwdItems make(const MaskPolicy& mask, int n_block, int h_end) {
+  // rotated: pass.dq_copies == 2; the host then bounds (M + 1) C below 2^31.
+  __device__ __forceinline__ static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated) {
     BwdItems items;
     items.shift = static_cast<int>(mask.shift);
     items.window_left = static_cast<int>(mask.window_left);
@@ -105,8 +118,11 @@ struct BwdItems {
     items.n_block = n_block;
     items.m_blocks = (items.len_q + kBlockM - 1) / kBlockM;
     items.h_end = h_end;
+    items.rotated = rotated;
+    items.first_query_tile = rotated ? n_block * items.m_blocks / items.key_tiles() : 0;
     return items;
   }
+  __device__ __forceinline__ int key_tiles() const { return (len_k + kBlockN - 1) / kBlockN; }
   // The last key tile that query tile m_block visits; -1 when it does not
   // visit n_block. The key range is MaskPolicy's key_begin / key_end.
   __device__ __forceinline__ int last_visiting_block(int m_block) const {
@@ -123,23 +139,42 @@ struct BwdItems {
     return kAscending ? -1 : m_blocks;
   }
   // Start with h = the group's first head and m_block = m_start<kAscending>().
+  // Ascending, the query tiles of a head run from first_query_tile around to
+  // the one before it.
   template <bool kAscending>
   __device__ __forceinline__ bool next(int& h, int& m_block) const {
     if (m_blocks == 0) return false;
+    if (kAscending && m_block < 0) {
+      m_block = first_query_tile;
+      if (last_visiting_block(m_block) >= 0) return true;
+    }
     while (true) {
       m_block += kAscending ? 1 : -1;
       if (m_block < 0 || m_block >= m_blocks) {
         m_block = kAscending ? 0 : m_blocks - 1;
-        if (++h >= h_end) return false;
+        if (!kAscending && ++h >= h_end) return false;
       }
+      if (kAscending && m_block == first_query_tile && ++h >= h_end) return false;
       if (last_visiting_block(m_block) >= 0) return true;
     }
+  }
+  // Deterministic mode: the dQ copy that query tile m_block adds into, and
+  // this CTA's place in that copy's order (how many key tiles add before it).
+  __device__ __forceinline__ int dq_copy(int m_block) const { return m_block < first_query_tile ? 1 : 0; }
+  __device__ __forceinline__ int dq_rank(int m_block) const {
+    if (!rotated) return last_visiting_block(m_block) - n_block;
+    const int tiles = key_tiles();
+    if (m_block < first_query_tile) return tiles - 1 - n_block;  // copy 1: the CTAs starting past m_block
+    // Copy 0: the key tiles n with floor(n M / C) <= m_block, i.e. n < ceil((m_block + 1) C / M).
+    const int starters = min(tiles, ((m_block + 1) * tiles + m_blocks - 1) / m_blocks);
+    return starters - 1 - n_block;
   }
 };
 
 // The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
-__device__ __forceinline__ int bwd_key_tile(const sm80::BwdPass& pass) {
-  return pass.semaphores != nullptr ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+template <bool kDeterministic>
+__device__ __forceinline__ int bwd_key_tile() {
+  return kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
 }
 
 __device__ __forceinline__ void expect_bytes(uint64_t* barrier, uint32_t bytes) {
@@ -164,7 +199,8 @@ struct BwdTileWork {
     work.h_first = work.h_kv * group;
     work.mask = MaskPolicy::make(work.seq.len_q, work.seq.len_k, params.align_bottom_right, params.window_left,
                                  params.window_right);
-    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group);
+    work.items =
+        BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group, pass.dq_copies == 2);
     return work;
   }
 };
@@ -176,7 +212,7 @@ template <class Traits, bool kAscending>
 __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BwdParams& params = args.params;
-  const int b = blockIdx.z, n_block = bwd_key_tile(args.pass);
+  const int b = blockIdx.z, n_block = bwd_key_tile<kAscending>();
   const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, blockIdx.y);
   const SequenceBounds& seq = work.seq;
   int h = work.h_first, m_block = work.items.template m_start<kAscending>();
@@ -212,7 +248,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
 // The start of a backward CTA (both kernels): barriers, then the producer
 // warpgroup gives its registers to the consumers and its thread 0 loads.
 // Returns true for the consumer threads.
-template <class Traits>
+template <class Traits, bool kDeterministic>
 __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t* smem) {
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
   const int tid = threadIdx.x;
@@ -227,12 +263,7 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
   __syncthreads();
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0) {
-      if (args.pass.semaphores != nullptr)
-        produce_bwd<Traits, true>(args, smem);
-      else
-        produce_bwd<Traits, false>(args, smem);
-    }
+    if (tid == 0) produce_bwd<Traits, kDeterministic>(args, smem);
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -292,36 +323,58 @@ __device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], fl
     }
 }
 
-// Deterministic mode: the semaphore a CTA still has to release (and its value)
-// once every consumer thread's dQ adds are behind a barrier; the release goes
-// out at the next item's dS barrier, off the item's critical path.
+// Deterministic mode: the semaphore a consumer warpgroup still has to release
+// (and its value) once all its threads' dQ adds are behind a barrier. The
+// release goes out after the next item's first warpgroup barrier, when that
+// item's first GEMMs are already issued: the next key tile's CTA waits for
+// little more than the adds themselves, and the release's memory barrier
+// overlaps this warpgroup's own GEMMs. st.release is cumulative over the
+// barrier, so the other threads' reductions are visible before the value.
 struct DeferredRelease {
   int* semaphore = nullptr;
   int value = 0;
-  __device__ __forceinline__ void release(bool leader) {
-    if (semaphore != nullptr && leader) {
-      __threadfence();
-      sm80::store_release(semaphore, value);
-    }
+  __device__ __forceinline__ void release(bool warpgroup_leader) {
+    if (semaphore != nullptr && warpgroup_leader) sm80::store_release(semaphore, value);
     semaphore = nullptr;
   }
 };
 
-// Deterministic mode: both consumers wait until the key tiles before this one
-// (BwdItems' order) have added into query tile m_block of head h, then arm
-// the release for the next one. The leader thread polls.
-template <class Items>
-__device__ __forceinline__ void wait_dq_turn(const sm80::BwdPass& pass, const Items& items, int b, int h, int m_block,
-                                             int n_block, bool leader, DeferredRelease& pending) {
-  int* semaphore =
-      pass.semaphores + (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
-  const int rank = items.last_visiting_block(m_block) - n_block;
-  if (leader)
-    while (sm80::load_acquire(semaphore) != rank) {
-    }
-  named_barrier_sync(4, 256);
-  pending.semaphore = semaphore;
-  pending.value = rank + 1;
+// Deterministic mode: consumer warpgroup wg waits until the key tiles before
+// this one (BwdItems' order) have added their part of query tile m_block of
+// head h into its dQ copy, then arms the release for the next one. Each
+// warpgroup adds a disjoint block of dQ and hands it over with its own
+// semaphore, so neither waits for the other. Its thread 0 polls: the first
+// read goes out with the dQ GEMM (begin), so where the turn has already come
+// its latency hides behind the GEMM; wait() then only checks it.
+struct DqTurn {
+  int* semaphore;
+  int rank, seen;
+
+  template <class Items>
+  __device__ __forceinline__ static DqTurn begin(const sm80::BwdPass& pass, const Items& items, int b, int h,
+                                                 int m_block, int wg, bool warpgroup_leader) {
+    DqTurn turn;  // deterministic mode
+    const int64_t tile = (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
+    turn.semaphore =
+        pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * items.dq_copy(m_block) + wg;
+    turn.rank = items.dq_rank(m_block);
+    turn.seen = warpgroup_leader ? sm80::load_acquire(turn.semaphore) : 0;
+    return turn;
+  }
+  __device__ __forceinline__ void wait(int wg, bool warpgroup_leader, DeferredRelease& pending) {
+    if (warpgroup_leader)
+      while (seen != rank) seen = sm80::load_acquire(semaphore);
+    named_barrier_sync(2 + wg, 128);
+    pending.semaphore = semaphore;
+    pending.value = rank + 1;
+  }
+};
+
+// After the last item: the warpgroup's final adds behind a barrier, then the release.
+__device__ __forceinline__ void release_last_dq_turn(int wg, bool warpgroup_leader, DeferredRelease& pending) {
+  if (pending.semaphore == nullptr) return;
+  named_barrier_sync(2 + wg, 128);
+  pending.release(warpgroup_leader);
 }
 
 // dK (times the softmax scale) and dV of a consumer's 64 keys x kCols columns
@@ -350,7 +403,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& params, const Seque
     }
 }
 
-template <class Traits>
+template <class Traits, bool kDeterministic>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   using T = typename Traits::T;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -364,9 +417,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   uint8_t* sDs = smem + Traits::kOffsetDs;
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const int n_block = bwd_key_tile(pass), b = blockIdx.z, tid = threadIdx.x;
+  const int n_block = bwd_key_tile<kDeterministic>(), b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
-  if (!start_bwd_cta<Traits>(args, smem)) return;
+  if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;
   const int warpgroup = tid / 128;
 
   const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
@@ -374,9 +427,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const MaskPolicy& mask = work.mask;
   const auto& items = work.items;
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
+  // The consumers read the mode from pass at run time, as the launcher set it
+  // together with kDeterministic: with the flag folded in, ptxas spilled
+  // 12-40 bytes in the default kernels and they ran about 3 % slower.
   const bool deterministic = pass.semaphores != nullptr;
-  int h = work.h_first, m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
-  const bool has_items = deterministic ? items.template next<true>(h, m_block) : items.template next<false>(h, m_block);
+  int h = work.h_first, m_block = items.template m_start<kDeterministic>();
+  const bool has_items = items.template next<kDeterministic>(h, m_block);
   const int wg = warpgroup - 1;  // consumer 0 or 1: keys [64 wg, 64 wg + 64) of the tile
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -395,7 +451,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
 
   DeferredRelease pending;  // deterministic mode
-  const bool leader = wtid == 0 && wg == 0;
 
   // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
   // and delta rows of an item, (2, kBlockM) values: index wtid + 128 s is
@@ -458,6 +513,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 #pragma unroll
     for (int s = 0; s < Traits::kRowStatsPerThread; ++s) lse[wtid + 128 * s] = row_stat[s];  // delta follows LSE
     named_barrier_sync(5 + wg, 128);
+    pending.release(wtid == 0);  // the previous item's dQ adds of this warpgroup are behind this barrier
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -497,7 +553,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
     named_barrier_sync(1, 256);
-    pending.release(leader);  // the previous item's dQ adds of both warpgroups are behind this barrier
 
     // This warpgroup's (64 queries, 64 columns) block of dQ = dS K over all 128 keys.
     // At hdim 64 the dV / dK products finish first: their register operands
@@ -518,9 +573,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                                        kBlockN * 128),
                                          kk > 0 ? 1 : 0);
     wgmma_commit();
+    DqTurn turn;  // deterministic mode
+    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg, wtid == 0);
     int next_h = h, next_m_block = m_block;
-    const bool has_next = deterministic ? items.template next<true>(next_h, next_m_block)
-                                        : items.template next<false>(next_h, next_m_block);
+    const bool has_next = items.template next<kDeterministic>(next_h, next_m_block);
     if (has_next) load_row_stats(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -530,7 +586,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query 64 dq_query_block + 16 warp + g + 8 r,
     // column 64 dq_col_block + 8 j + 2 t + c.
-    float* dq_rows = pass.dq_accum + ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
+    float* dq_rows = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
+                     ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
     const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
     auto add_dq = [&]() {
 #pragma unroll
@@ -543,22 +600,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                 acc_dq[4 * j + 2 * r + 1]);
         }
     };
-    if (pass.semaphores == nullptr) {
+    if (!deterministic) {
       add_dq();
     } else {
-      // Deterministic: the key tiles of one query tile add in descending order
-      // (BwdItems); the two warpgroups add disjoint blocks.
-      wait_dq_turn(pass, items, b, h, m_block, n_block, leader, pending);
-      add_dq();  // released at the next item's dS barrier, off this item's critical path
+      // Deterministic: the key tiles of one query tile add in BwdItems' order;
+      // the two warpgroups add disjoint blocks.
+      turn.wait(wg, wtid == 0, pending);
+      add_dq();  // released during the next item (DeferredRelease)
     }
     if (!has_next) break;
     h = next_h;
     m_block = next_m_block;
   }
-  if (pending.semaphore != nullptr) {
-    named_barrier_sync(4, 256);
-    pending.release(leader);
-  }
+  release_last_dq_turn(wg, wtid == 0, pending);
   store_dk_dv<T, kNO>(params, seq, b, n0, h_kv, keys, key_in_tile, 0, t, acc_dk, acc_dv);
 }
 

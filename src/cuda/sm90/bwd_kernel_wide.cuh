@@ -47,7 +47,7 @@ struct BwdWideTraits {
   static_assert(sizeof(BwdBarriers) <= kBarrierBytes, "BwdBarriers fits");
 };
 
-template <class Traits>
+template <class Traits, bool kDeterministic>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdKernelArgs args) {
   using T = typename Traits::T;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -60,18 +60,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const int n_block = bwd_key_tile(pass), b = blockIdx.z, tid = threadIdx.x;
+  const int n_block = bwd_key_tile<kDeterministic>(), b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
-  if (!start_bwd_cta<Traits>(args, smem)) return;
+  if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;
 
   const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
   const SequenceBounds& seq = work.seq;
   const MaskPolicy& mask = work.mask;
   const auto& items = work.items;
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
+  // The consumers read the mode from pass at run time, as the launcher set it
+  // together with kDeterministic: with the flag folded in, ptxas spilled
+  // 12-40 bytes in the default kernels and they ran about 3 % slower.
   const bool deterministic = pass.semaphores != nullptr;
-  int h = work.h_first, m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
-  const bool has_items = deterministic ? items.template next<true>(h, m_block) : items.template next<false>(h, m_block);
+  int h = work.h_first, m_block = items.template m_start<kDeterministic>();
+  const bool has_items = items.template next<kDeterministic>(h, m_block);
   const int wg = tid / 128 - 1;  // consumer 0 or 1
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -88,7 +91,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   for (int i = 0; i < 64; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
   DeferredRelease pending;  // deterministic mode
-  const bool leader = wtid == 0 && wg == 0;
 
   // The LSE (log2 units; +inf past the sequence end) and delta of this
   // consumer's queries of an item: threads 0-31 load an LSE, 32-63 a delta.
@@ -139,6 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     float* delta = lse + kQueries;
     if (wtid < 2 * kQueries) lse[wtid] = row_stat;  // lse[kQueries + i] is delta[i]
     named_barrier_sync(5 + wg, 128);
+    pending.release(wtid == 0);  // the previous item's dQ adds of this consumer are behind this barrier
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -165,7 +168,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
       }
     ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
     named_barrier_sync(1, 256);
-    pending.release(leader);  // the previous item's dQ adds of both consumers are behind this barrier
 
     // dV += P^T dO and dK += dS^T Q over this item's 64 queries (4 k-steps), for
     // this consumer's 128 columns: B rows are queries (K), columns the head dim (N).
@@ -192,9 +194,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
           acc_dq, desc_mn_major(ds_addr + kk * 16 * 128, kBlockN * 128),
           desc_mn_major(sK_addr + col_block0 * kBlockN * 128 + kk * 16 * 128, kBlockN * 128), kk > 0 ? 1 : 0);
     wgmma_commit();
+    DqTurn turn;  // deterministic mode
+    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg, wtid == 0);
     int next_h = h, next_m_block = m_block;
-    const bool has_next = deterministic ? items.template next<true>(next_h, next_m_block)
-                                        : items.template next<false>(next_h, next_m_block);
+    const bool has_next = items.template next<kDeterministic>(next_h, next_m_block);
     if (has_next && wtid < 2 * kQueries) row_stat = load_row_stat(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -203,12 +206,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query 16 warp + g + 8 r, column 64 col_block0 + 8 j + 2 t + c.
-    float* dq_rows = pass.dq_accum + ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
+    float* dq_rows = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
+                     ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
     const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
     if (deterministic) {
-      // The key tiles of one query tile add in descending order (BwdItems); the
-      // two consumers add disjoint columns. Released at the next item's barrier.
-      wait_dq_turn(pass, items, b, h, m_block, n_block, leader, pending);
+      // The key tiles of one query tile add in BwdItems' order; the two
+      // consumers add disjoint columns, each with its own semaphore.
+      turn.wait(wg, wtid == 0, pending);
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -222,10 +226,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     h = next_h;
     m_block = next_m_block;
   }
-  if (pending.semaphore != nullptr) {
-    named_barrier_sync(4, 256);
-    pending.release(leader);
-  }
+  release_last_dq_turn(wg, wtid == 0, pending);
   store_dk_dv<T, Traits::kColsPerConsumer>(params, seq, b, n0, h_kv, keys, key_in_tile, col_block0 * 64, t, acc_dk,
                                            acc_dv);
 }

@@ -35,12 +35,15 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
                            params.k_layout, Traits::kBlockN));
   FA_TRY(encode_tensor_map(&args.tma_v, params.dtype, params.v, params.head_dim_v, rows_k, params.heads_kv, batch,
                            params.v_layout, Traits::kBlockN));
-  auto kernel = [] {
+  // Deterministic mode is a kernel flag: its producer walks the items in
+  // another order (BwdItems), and the default kernel keeps its own registers.
+  auto kernel_for = [](auto deterministic) {
     if constexpr (kWide)
-      return sm90::bwd_wide_kernel<Traits>;
+      return sm90::bwd_wide_kernel<Traits, decltype(deterministic)::value>;
     else
-      return sm90::bwd_kernel<Traits>;
-  }();
+      return sm90::bwd_kernel<Traits, decltype(deterministic)::value>;
+  };
+  auto kernel = params.deterministic ? kernel_for(std::true_type{}) : kernel_for(std::false_type{});
   FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "sm90 backward kernel"));
   const int group = static_cast<int>(params.heads / params.heads_kv);
   return run_bwd_passes<T, kHeadDim>(
