@@ -302,17 +302,21 @@ int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 namespace {
 // The sm90 deterministic backward without a mask starts each key tile's CTA
 // at its own query tile and needs two dQ copies (sm90/bwd_kernel.cuh,
-// BwdItems); its int32 tile arithmetic needs (M + 1) C < 2^31.
-int deterministic_dq_copies(const BwdParams& params, bool sm90) {
+// BwdItems), where the key tiles are few enough for the hand-off chain to
+// matter: on the H200 that order ran 1.07-1.24x the plain descending one with
+// 8-32 key tiles and 0.95-0.98x with 128-256 (BENCHMARKS.md, session 7).
+int deterministic_dq_copies(const BwdParams& params, bool sm90, int head_dim_class_value) {
   if (!sm90 || !params.deterministic || params.window_left >= 0 || params.window_right >= 0) return 1;
-  const int64_t tiles_q = params.seqlen_q / kSm90BwdBlockM + 2, tiles_k = params.seqlen_k / kSm90BwdBlockM + 1;
-  return tiles_q * tiles_k < (int64_t(1) << 31) ? 2 : 1;
+  constexpr int64_t kMaxRotatedKeyTiles = 64;
+  const int64_t block_n = head_dim_class_value > 128 ? 64 : 128;  // the sm90 backward's key tile
+  const bool few_key_tiles = (params.seqlen_k + block_n - 1) / block_n <= kMaxRotatedKeyTiles;
+  return few_key_tiles && params.seqlen_q < (int64_t(1) << 30) ? 2 : 1;  // the kernel's int32 tile products
 }
 }  // namespace
 
 BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_value, bool sm90) {
   BwdWorkspace layout;
-  layout.dq_copies = deterministic_dq_copies(params, sm90);
+  layout.dq_copies = deterministic_dq_copies(params, sm90, head_dim_class_value);
   const int64_t group = params.heads / params.heads_kv;
   const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float) * layout.dq_copies;
   int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
