@@ -17,7 +17,7 @@
 // hdim 128), which is what bounds the key tile. At hdim 64 they take half of
 // that, and the item doubles to 128 queries instead: the same registers for
 // S^T and dP^T, twice the work per barrier and per item's fixed costs.
-// Deterministic mode orders the dQ adds of a query tile by descending key tile
+// Deterministic mode adds the dQ of a query tile in a fixed key-tile order
 // (BwdItems). Softcap, ALiBi and dropout stay on the sm80 backward (the
 // dispatcher routes them).
 #pragma once
@@ -354,7 +354,7 @@ struct DqTurn {
   template <class Items>
   __device__ __forceinline__ static DqTurn begin(const sm80::BwdPass& pass, const Items& items, int b, int h,
                                                  int m_block, int wg, bool warpgroup_leader) {
-    DqTurn turn;  // deterministic mode
+    DqTurn turn;
     const int64_t tile = (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
     turn.semaphore =
         pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * items.dq_copy(m_block) + wg;
