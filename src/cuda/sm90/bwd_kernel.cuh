@@ -28,6 +28,7 @@
 
 #include "cuda/launch.hpp"           // kSemaphoresPerQueryTile
 #include "cuda/sm80/bwd_kernel.cuh"  // BwdPass, packed_q_row0, red_add_f32x2, semaphores
+#include "cuda/sm90/bwd_items.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"  // wait_barrier, tma_load, swizzled_offset, named_barrier_sync
 
 namespace flashattn::sm90 {
@@ -75,101 +76,6 @@ struct BwdKernelArgs {
 struct BwdBarriers {
   uint64_t kv_full;
   uint64_t q_full[2], q_empty[2];
-};
-
-// The items of one CTA (key tile n_block): the query heads of its GQA group
-// ascending, and for each the query tiles that see a key of the tile,
-// descending (ascending in deterministic mode). Producer and consumers walk the same sequence. The mask's
-// bounds are kept in 32 bits (CUDA sequence lengths are below 2^31) because
-// the producer runs on 24 registers; for the same reason the order is a
-// template argument.
-//
-// Deterministic mode adds the dQ of a query tile in a fixed key-tile order,
-// descending, with query tiles ascending in each CTA and the CTAs of the last
-// key tiles launched first (bwd_key_tile). Every wait is then on a CTA that
-// started earlier, so none can wait on one that is not resident, and under a
-// causal mask a CTA's first query tile is the diagonal one, where it comes
-// first: the CTAs of one head hand over without waiting for each other. The
-// default mode keeps query tiles descending (no order among the adds).
-//
-// Without a mask every CTA would start at query tile 0 and each would wait
-// for the one before: a chain of hand-offs as long as the key tiles. There
-// (pass.dq_copies == 2) CTA n starts at query tile first_query_tile =
-// floor(n M / C) (M query tiles, C key tiles) and wraps around: tiles
-// [first, M) add into dQ copy 0, tiles [0, first) into copy 1, each copy in
-// descending key-tile order. That is the order in which the CTAs, running
-// side by side, reach a query tile, so a hand-off rarely waits, and every
-// wait is still on a CTA that started earlier. The convert pass sums the
-// copies in a fixed order.
-template <int kBlockM, int kBlockN>
-struct BwdItems {
-  int shift, window_left, window_right, len_q, len_k;
-  int n_block, m_blocks, h_end, first_query_tile;
-  bool rotated;
-
-  // rotated: pass.dq_copies == 2, which the host sets for at most 64 key
-  // tiles and fewer than 2^30 queries, so (M + 1) C stays below 2^31.
-  __device__ __forceinline__ static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated) {
-    BwdItems items;
-    items.shift = static_cast<int>(mask.shift);
-    items.window_left = static_cast<int>(mask.window_left);
-    items.window_right = static_cast<int>(mask.window_right);
-    items.len_q = static_cast<int>(mask.seqlen_q);
-    items.len_k = static_cast<int>(mask.seqlen_k);
-    items.n_block = n_block;
-    items.m_blocks = (items.len_q + kBlockM - 1) / kBlockM;
-    items.h_end = h_end;
-    items.rotated = rotated;
-    items.first_query_tile = rotated ? n_block * items.m_blocks / items.key_tiles() : 0;
-    return items;
-  }
-  __device__ __forceinline__ int key_tiles() const { return (len_k + kBlockN - 1) / kBlockN; }
-  // The last key tile that query tile m_block visits; -1 when it does not
-  // visit n_block. The key range is MaskPolicy's key_begin / key_end.
-  __device__ __forceinline__ int last_visiting_block(int m_block) const {
-    const int64_t m0 = int64_t(m_block) * kBlockM, m1 = min(m0 + kBlockM, int64_t(len_q));
-    const int64_t begin = window_left >= 0 ? max(m0 + shift - window_left, int64_t(0)) : 0;
-    const int64_t end = window_right >= 0 ? min(m1 + shift + window_right, int64_t(len_k)) : len_k;
-    if (end <= begin) return -1;
-    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end - 1) / kBlockN);
-    return n_block >= first && n_block <= last ? last : -1;
-  }
-  // The m_block before the first item.
-  template <bool kAscending>
-  __device__ __forceinline__ int m_start() const {
-    return kAscending ? -1 : m_blocks;
-  }
-  // Start with h = the group's first head and m_block = m_start<kAscending>().
-  // Ascending, the query tiles of a head run from first_query_tile around to
-  // the one before it.
-  template <bool kAscending>
-  __device__ __forceinline__ bool next(int& h, int& m_block) const {
-    if (m_blocks == 0) return false;
-    if (kAscending && m_block < 0) {
-      m_block = first_query_tile;
-      if (last_visiting_block(m_block) >= 0) return true;
-    }
-    while (true) {
-      m_block += kAscending ? 1 : -1;
-      if (m_block < 0 || m_block >= m_blocks) {
-        m_block = kAscending ? 0 : m_blocks - 1;
-        if (!kAscending && ++h >= h_end) return false;
-      }
-      if (kAscending && m_block == first_query_tile && ++h >= h_end) return false;
-      if (last_visiting_block(m_block) >= 0) return true;
-    }
-  }
-  // Deterministic mode: the dQ copy that query tile m_block adds into, and
-  // this CTA's place in that copy's order (how many key tiles add before it).
-  __device__ __forceinline__ int dq_copy(int m_block) const { return m_block < first_query_tile ? 1 : 0; }
-  __device__ __forceinline__ int dq_rank(int m_block) const {
-    if (!rotated) return last_visiting_block(m_block) - n_block;
-    const int tiles = key_tiles();
-    if (m_block < first_query_tile) return tiles - 1 - n_block;  // copy 1: the CTAs starting past m_block
-    // Copy 0: the key tiles n with floor(n M / C) <= m_block, i.e. n < ceil((m_block + 1) C / M).
-    const int starters = min(tiles, ((m_block + 1) * tiles + m_blocks - 1) / m_blocks);
-    return starters - 1 - n_block;
-  }
 };
 
 // The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
