@@ -308,7 +308,7 @@ namespace {
 int deterministic_dq_copies(const BwdParams& params, bool sm90, int head_dim_class_value) {
   if (!sm90 || !params.deterministic || params.window_left >= 0 || params.window_right >= 0) return 1;
   constexpr int64_t kMaxRotatedKeyTiles = 64;
-  const int64_t block_n = head_dim_class_value > 128 ? 64 : 128;  // the sm90 backward's key tile
+  const int64_t block_n = sm90_bwd_block_n(head_dim_class_value);
   const bool few_key_tiles = (params.seqlen_k + block_n - 1) / block_n <= kMaxRotatedKeyTiles;
   return few_key_tiles && params.seqlen_q < (int64_t(1) << 30) ? 2 : 1;  // the kernel's int32 tile products
 }

@@ -78,4 +78,6 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
 // Its smallest query tile (classes 128 and 256; 128 rows at class 64): the
 // deterministic semaphores are sized for it.
 constexpr int kSm90BwdBlockM = 64;
+// Its key tile per head-dim class: 64 keys at class 256 (bwd_kernel_wide.cuh), 128 below.
+constexpr int sm90_bwd_block_n(int head_dim_class) { return head_dim_class > 128 ? 64 : 128; }
 }  // namespace flashattn::cuda

@@ -20,6 +20,7 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
   constexpr bool kWide = kHeadDim == 256;
   using Traits = std::conditional_t<kWide, sm90::BwdWideTraits<T, kMaskDiagonal>,
                                     sm90::BwdTraits<T, kHeadDim, kMaskDiagonal>>;
+  static_assert(Traits::kBlockN == sm90_bwd_block_n(kHeadDim), "the host's workspace layout assumes this key tile");
   if (params.total_q == 0 && params.total_k == 0) return FA_OK;
   sm90::BwdKernelArgs args{};
   args.params = params;
