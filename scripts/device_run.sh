@@ -14,7 +14,8 @@
 #                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
 #                                            "overhead": host cost of the Python op layer on CUDA,
-#                                            "reference": A/B against FA_REFERENCE_SRC in one process)
+#                                            "reference": A/B against FA_REFERENCE_SRC in one process,
+#                                            "variants": builds with FA_VARIANTS' defines, A/B in one process)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_GENCODE=""                            CMake's FLASHATTN_CUDA_GENCODE (default: sm_80 + sm_90a)
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
@@ -99,29 +100,59 @@ fi
 # A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
 # previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
 # classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16) times both builds in
-# the same rounds (bench_gpu.py --reference-lib).
+# the same rounds (bench_gpu.py --reference-lib); FA_REFERENCE_BENCH=0 only builds it. The decode
+# stage times build-ref's decode too when it exists.
 if has_stage reference; then
   start=$(date +%s)
   cmake -S "${FA_REFERENCE_SRC:?a source tree to compare against}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
     -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >"$OUT/reference_build.log" 2>&1 &&
     ninja -C build-ref -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
-  if [ $? -eq 0 ]; then
+  if [ $? -ne 0 ]; then
+    note "== reference build FAILED"; grep -m10 -A3 error "$OUT/reference_build.log" >>"$SUMMARY"
+  elif [ "${FA_REFERENCE_BENCH:-1}" = 0 ]; then
+    note "== reference build only (FA_REFERENCE_BENCH=0): $(( $(date +%s) - start )) s"
+  else
     mkdir -p /tmp/reference_bench
     PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_REFERENCE_TIMEOUT:-300}" \
       python3 bench/gpu/bench_gpu.py --out /tmp/reference_bench --skip-extra --dtypes "${FA_REFERENCE_DTYPES:-bf16}" \
       --reference-lib "$PWD/build-ref/libflashattn.so" >"$OUT/bench_reference.txt" 2>>"$OUT/reference_build.log"
     note "== reference A/B: exit $?, $(( $(date +%s) - start )) s"
     cp /tmp/reference_bench/bench_gpu.json "$OUT/bench_gpu_reference.json"
-  else
-    note "== reference build FAILED"; grep -m10 -A3 error "$OUT/reference_build.log" >>"$SUMMARY"
   fi
+fi
+
+# Variants of this tree (FA_VARIANTS="label:-DNAME=VALUE ...", e.g. a development switch): each is
+# built for sm_90a (classes 64/128/256, bf16) with the define added to the C++ and CUDA flags, then
+# bench_variants.py times this build's default and deterministic fwd+bwd and each variant's
+# deterministic fwd+bwd in the same rounds (FA_VARIANT_ARGS: its --dims/--lengths).
+if has_stage variants; then
+  libs=()
+  start=$(date +%s)
+  for variant in ${FA_VARIANTS:?label:-DNAME=VALUE ...}; do  # the builds share the cores
+    label=${variant%%:*} define=${variant#*:}
+    (cmake -S . -B "build-var-$label" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+      -DFLASHATTN_CUDA_DTYPES=bf16 -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+      -DCMAKE_CXX_FLAGS="$define" -DCMAKE_CUDA_FLAGS="$define" >"$OUT/variant_$label.log" 2>&1 &&
+      ninja -C "build-var-$label" -j "$JOBS" flashattn >>"$OUT/variant_$label.log" 2>&1) &
+  done
+  wait
+  for variant in $FA_VARIANTS; do
+    label=${variant%%:*}
+    if [ -f "build-var-$label/libflashattn.so" ]; then libs+=("$label=$PWD/build-var-$label/libflashattn.so")
+    else note "== variant $label: build FAILED"; grep -m5 -A3 error "$OUT/variant_$label.log" >>"$SUMMARY"; fi
+  done
+  note "== variants built: ${#libs[@]} in $(( $(date +%s) - start )) s"
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_VARIANT_TIMEOUT:-300}" \
+    python3 bench/gpu/bench_variants.py --out "$OUT" ${FA_VARIANT_ARGS:-} "${libs[@]}" >"$OUT/bench_variants.txt" 2>&1
+  note "== variants bench exit $?"
 fi
 
 # Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
 if has_stage decode; then
   PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
-    --out "$OUT" ${FA_DECODE_ARGS:-} >"$OUT/decode_table.txt" 2>&1
+    --out "$OUT" ${FA_DECODE_ARGS:-} $([ -f build-ref/libflashattn.so ] && echo --reference-lib build-ref/libflashattn.so) >"$OUT/decode_table.txt" 2>&1
   note "== decode benchmark exit $?"
   cat "$OUT/decode_table.txt" >>"$SUMMARY"
 fi
@@ -213,7 +244,7 @@ fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 keep=(summary.txt bench_table.txt bench_gpu.json bench_decode.json bench_gpu_fwd.json bench_fwd_table.txt
-  bench_reference.txt bench_gpu_reference.json)
+  bench_reference.txt bench_gpu_reference.json bench_variants.txt bench_variants.json decode_table.txt)
 # (The archive is written outside $OUT: tar fails on a directory that changes as it reads it.)
 (cd "$OUT" && tar czf /tmp/fa_logs.tar.gz "${keep[@]/#/--exclude=}" . && mv /tmp/fa_logs.tar.gz logs.tar.gz &&
   find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz $(printf ' ! -name %s' "${keep[@]}") -exec rm -rf {} +)
@@ -222,4 +253,6 @@ cat "$SUMMARY"
 [ -f "$OUT/bench_table.txt" ] && cat "$OUT/bench_table.txt"
 [ -f "$OUT/bench_fwd_table.txt" ] && cat "$OUT/bench_fwd_table.txt"
 [ -f "$OUT/bench_reference.txt" ] && cat "$OUT/bench_reference.txt"
+[ -f "$OUT/bench_variants.txt" ] && cat "$OUT/bench_variants.txt"
+[ -f "$OUT/decode_table.txt" ] && tail -40 "$OUT/decode_table.txt"
 exit 0

@@ -147,7 +147,7 @@ def make_paged(k_cache, v_cache, page):
     return k_pages, v_pages, order.view(b, blocks).to(torch.int32)
 
 
-def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True):
+def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True, reference=None):
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
     row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies)
@@ -160,6 +160,9 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     row["ours_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
+    if reference is not None:  # another build of the library on the same caches, right after ours
+        row["ref_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+        row["ours_ms_again"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     q, k_cache, v_cache, out = caches[0]
     qh, kh, vh = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     if B * S <= 32768:  # a spot check of the timed output against fp32 math on batch row 0
@@ -239,8 +242,12 @@ def main():
     parser.add_argument("--lib", default=None)
     parser.add_argument("--out", default=".")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reference-lib", default=None,
+                        help="another build (e.g. the previous commit): its contiguous decode timed on the same "
+                             "caches between two timings of ours (columns ref_ms, ours_ms_again)")
     args = parser.parse_args()
     kv = KvCache(FlashAttn(args.lib))
+    reference = KvCache(FlashAttn(args.reference_lib)) if args.reference_lib else None
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     result["copy_GBps"] = copy_bandwidth()
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)", flush=True)
@@ -249,13 +256,15 @@ def main():
         for S in (4096, 32768, 131072):
             if args.quick and B * S > 8 * 32768:
                 continue
-            row = bench_config(kv, B, S)
+            row = bench_config(kv, B, S, reference=reference)
             row["ours_vs_copy"] = row["ours_GBps"] / result["copy_GBps"]
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
                   f"({100 * row['ours_vs_copy']:.0f}% of copy), paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
-                  + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items()), flush=True)
+                  + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
+                  + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
+                     if reference else ""), flush=True)
     result["decode"] = rows
     result["split_sweep_B1_S32k"] = split_sweep(kv, 1, 32768)
     result["split_sweep_B8_S4k"] = split_sweep(kv, 8, 4096)

@@ -89,6 +89,62 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Q rows r0 .. r0 + nrows - 1 of (batch row b, kv head hkv), rotated and
+// rounded to the element type (as the cache holds k), zero past D and for
+// padding rows, into q_stage (kRows, kHeadDim) fp32. Thread tid stages dim
+// tid % kHeadDim of rows tid / kHeadDim + k * kRowStep. The loads of a thread
+// are independent and go out together (one thread gathering its fragments
+// element by element took ~25 us per block); the plain path is short and
+// branch-free because every block runs it once, cold: the first version
+// unrolled the rotary code and 64-bit divisions per element, 40 KiB of
+// instructions ahead of the first key.
+template <typename Traits, typename Element>
+__device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
+                                              int64_t r0, int nrows, float* q_stage) {
+  constexpr int kHeadDim = Traits::kHeadDim, kRowStep = Traits::kThreads / kHeadDim;
+  constexpr int kRowsPerThread = Traits::kRows / kRowStep;
+  static_assert(Traits::kThreads % kHeadDim == 0 && Traits::kRows % kRowStep == 0, "whole rows per pass");
+  const int d = threadIdx.x % kHeadDim, r_first = threadIdx.x / kHeadDim;
+  const int heads_per_kv = static_cast<int>(p.heads / p.heads_kv);
+  // Packed row r is query (r0 + r) / G, head hkv G + (r0 + r) % G: one division, then steps that
+  // move the element offset by a head, or to the next query's first head of the group.
+  int64_t query = (r0 + r_first) / heads_per_kv;
+  int head = static_cast<int>((r0 + r_first) % heads_per_kv);
+  const Element* q_group =
+      static_cast<const Element*>(p.q) + b * p.q_layout.batch + hkv * heads_per_kv * p.q_layout.head + d;
+  int64_t offset = query * p.q_layout.row + head * p.q_layout.head;
+  const int64_t wrap_step = p.q_layout.row - (heads_per_kv - 1) * p.q_layout.head;
+  const bool present = d < p.head_dim;
+  auto next_row = [&]() {  // kRowStep packed rows on, without a branch
+#pragma unroll
+    for (int step = 0; step < kRowStep; ++step) {
+      const bool wraps = head + 1 == heads_per_kv;
+      head = wraps ? 0 : head + 1;
+      query += wraps ? 1 : 0;
+      offset += wraps ? wrap_step : p.q_layout.head;
+    }
+  };
+  if (p.rotary_cos == nullptr) {
+    float values[kRowsPerThread];
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const bool real = present && r_first + k * kRowStep < nrows;
+      values[k] = real ? to_float(q_group[offset]) : 0.0f;
+      next_row();
+    }
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) q_stage[(r_first + k * kRowStep) * kHeadDim + d] = values[k];
+  } else {
+#pragma unroll 4
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const bool real = present && r_first + k * kRowStep < nrows;
+      q_stage[(r_first + k * kRowStep) * kHeadDim + d] =
+          real ? rotated_element(p, q_group + offset - d, d, query_rotary_position(p, row, query)) : 0.0f;
+      next_row();
+    }
+  }
+}
+
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 template <typename Traits, typename Element>
@@ -111,23 +167,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
-  // Q rows, rotated and rounded to the element type (as the cache holds k), zero past D and for
-  // padding rows, staged in fp32 by all threads: each thread's loads are independent, so they
-  // overlap (one lane gathering its fragments element by element took ~25 us per block).
-  constexpr int kQPerThread = kRows * kHeadDim / Traits::kThreads;
-#pragma unroll
-  for (int k = 0; k < kQPerThread; ++k) {
-    const int e = tid + k * Traits::kThreads, r = e / kHeadDim, d = e % kHeadDim;
-    float value = 0.0f;
-    if (r < nrows && d < d_count) {
-      const int64_t query = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-      const Element* q_row = static_cast<const Element*>(p.q) + b * p.q_layout.batch + query * p.q_layout.row +
-                             h * p.q_layout.head;
-      value = p.rotary_cos == nullptr ? to_float(q_row[d])
-                                      : rotated_element(p, q_row, d, query_rotary_position(p, row, query));
-    }
-    q_stage[e] = value;
-  }
+  stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows, q_stage);
   __syncthreads();
 
   // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
@@ -323,23 +363,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   };
 
   // Step n of this warp is the slab at base0 + n * kKeysPerBlockIter; kStages - 1 slabs in flight.
+  // The first kStages - 1 turns only issue: one loop, so the code of issue() and compute()
+  // exists once (a block with few keys runs it cold, and instruction fetch was its cost).
   constexpr int stride = Traits::kKeysPerBlockIter;
   const int steps = base0 < keys_end ? (keys_end - base0 + stride - 1) / stride : 0;
-#pragma unroll
-  for (int n = 0; n < kStages - 1; ++n) {
-    if (n < steps) {
-      issue(n);
+#pragma unroll 1
+  for (int n = 1 - kStages; n < steps; ++n) {
+    __syncwarp();  // every lane is done reading the stage of step n - 1, which the issue below refills
+    const int fill = n + kStages - 1;
+    if (fill < steps) {
+      issue(fill % kStages);
     } else {
       cp_async_commit();  // empty group: the wait count below stays uniform
     }
-  }
-  for (int n = 0; n < steps; ++n) {
-    __syncwarp();  // every lane is done reading the stage of step n - 1, which the issue below refills
-    if (n + kStages - 1 < steps) {
-      issue((n + kStages - 1) % kStages);
-    } else {
-      cp_async_commit();
-    }
+    if (n < 0) continue;
     cp_async_wait<kStages - 1>();  // this lane's copies of step n have landed
     __syncwarp();                  // and every other lane's
     compute(base0 + n * stride, n % kStages);
