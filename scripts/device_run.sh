@@ -125,7 +125,8 @@ fi
 # Variants of this tree (FA_VARIANTS="label:-DNAME=VALUE ...", e.g. a development switch): each is
 # built for sm_90a (classes 64/128/256, bf16) with the define added to the C++ and CUDA flags, then
 # bench_variants.py times this build's default and deterministic fwd+bwd and each variant's
-# deterministic fwd+bwd in the same rounds (FA_VARIANT_ARGS: its --dims/--lengths).
+# deterministic fwd+bwd in the same rounds (FA_VARIANT_ARGS: its --dims/--lengths; FA_VARIANT_BASE: the
+# library of the default and det columns instead of build/, e.g. one of the variants).
 if has_stage variants; then
   libs=()
   start=$(date +%s)
@@ -144,7 +145,7 @@ if has_stage variants; then
     else note "== variant $label: build FAILED"; grep -m5 -A3 error "$OUT/variant_$label.log" >>"$SUMMARY"; fi
   done
   note "== variants built: ${#libs[@]} in $(( $(date +%s) - start )) s"
-  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_VARIANT_TIMEOUT:-300}" \
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=${FA_VARIANT_BASE:-$PWD/build/libflashattn.so} timeout "${FA_VARIANT_TIMEOUT:-300}" \
     python3 bench/gpu/bench_variants.py --out "$OUT" ${FA_VARIANT_ARGS:-} "${libs[@]}" >"$OUT/bench_variants.txt" 2>&1
   note "== variants bench exit $?"
 fi

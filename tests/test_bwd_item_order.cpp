@@ -154,7 +154,8 @@ std::vector<Shape> shapes() {
   std::vector<Shape> out;
   for (int group : {1, 2})
     for (auto [len_q, len_k] : std::vector<std::pair<int, int>>{
-             {1, 1}, {64, 64}, {100, 700}, {700, 100}, {1000, 1000}, {1000, 1500}, {130, 3000}, {2048, 2048}})
+             {1, 1}, {64, 64}, {100, 700}, {700, 100}, {1000, 1000}, {1000, 1500}, {130, 3000}, {2048, 2048},
+             {300, 9000}, {9000, 5000}})
       for (bool bottom_right : {true, false})
         for (auto [left, right] : std::vector<std::pair<int, int>>{{-1, -1}, {-1, 0}, {200, 0}, {-1, 130}, {0, 0}})
           out.push_back({len_q, len_k, bottom_right, left, right, group});

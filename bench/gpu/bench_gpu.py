@@ -48,12 +48,15 @@ def time_ms(fn, warmup=3, reps=10):
     return statistics.median(one_call_ms(fn) for _ in range(reps))
 
 
-def time_interleaved(fns, rounds=5, reps=3, warmup=2):
+def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
     """Median ms of each callable in `fns` (name -> fn), timed round-robin: every round times each one
     `reps` times in turn. Timed one after another, the runner timed first gained: in session 6's first
     run our forward measured up to 13 % faster when timed first in its cell than the same kernel timed
     after torch's (hdim 128, 16k), most likely the GPU clock settling under load. Interleaving gives
     every runner the same mix of states.
+    rotate: round r starts at runner r (mod their count), so that no runner always follows the same one:
+    in session 8 the deterministic fwd+bwd, always timed right after the default one, measured 3-5 %
+    below the same code timed elsewhere in the round (BENCHMARKS.md, session 8).
     A runner that raises gets None (a backend that refuses the shape)."""
     alive, times, errors = {}, {name: [] for name in fns}, {}
     for name, fn in fns.items():
@@ -63,8 +66,10 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2):
             alive[name] = fn
         except Exception as error:
             errors[name] = error
-    for _ in range(rounds):
-        for name, fn in alive.items():
+    order = list(alive.items())
+    for round_index in range(rounds):
+        start = round_index % len(order) if rotate and order else 0
+        for name, fn in order[start:] + order[:start]:
             times[name] += [one_call_ms(fn) for _ in range(reps)]
     return {name: statistics.median(times[name]) if name in alive else None for name in fns}, errors
 

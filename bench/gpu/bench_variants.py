@@ -1,9 +1,10 @@
 """A/B of the deterministic backward across builds of this library, in one process.
 
 Each variant is another build of libflashattn.so (for example the same tree compiled with a
-development switch); every cell times, round-robin in the same rounds (bench_gpu.time_interleaved):
-this build's default fwd+bwd, this build's deterministic fwd+bwd, and each variant's deterministic
-fwd+bwd. TFLOP/s by flash-attn's convention. Shapes as bench_gpu.py (16k tokens, H * D = 2048).
+development switch); every cell times, round-robin in the same rounds, each round starting one runner
+later (bench_gpu.time_interleaved): this build's default fwd+bwd, this build's deterministic fwd+bwd,
+and each variant's deterministic fwd+bwd. TFLOP/s by flash-attn's convention. Shapes as bench_gpu.py
+(16k tokens, H * D = 2048).
 
 usage: python3 bench/gpu/bench_variants.py --out DIR label=path/libflashattn.so [label=path ...]
 """
@@ -26,6 +27,7 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--rounds", type=int, default=6, help="round-robin rounds, each starting one runner later")
     parser.add_argument("variants", nargs="+", help="label=path of another libflashattn.so")
     args = parser.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -45,7 +47,7 @@ def main():
                            "det": Ours(fa, q, k, v, dout, causal, deterministic=True).fwdbwd}
                 for label, lib in variants.items():
                     runners[label] = Ours(lib, q, k, v, dout, causal, deterministic=True).fwdbwd
-                medians, errors = time_interleaved(runners)
+                medians, errors = time_interleaved(runners, rounds=args.rounds)
                 row = {"dtype": args.dtype, "D": D, "N": N, "B": B, "H": H, "causal": causal}
                 for name, ms in medians.items():
                     row[name] = None if ms is None else flops(B, H, N, D, causal, "fwdbwd") / ms / 1e9

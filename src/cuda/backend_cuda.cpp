@@ -302,15 +302,16 @@ int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 namespace {
 // The sm90 deterministic backward without a mask starts each key tile's CTA
 // at its own query tile and needs two dQ copies (sm90/bwd_kernel.cuh,
-// BwdItems), where the key tiles are few enough for the hand-off chain to
-// matter: on the H200 that order ran 1.07-1.24x the plain descending one with
-// 8-32 key tiles and 0.95-0.98x with 128-256 (BENCHMARKS.md, session 7).
+// BwdItems). On the H200 that order ran 1.07-1.24x the plain descending one
+// with 8-32 key tiles (session 7) and 1.00-1.03x with 128-256 (session 8;
+// BENCHMARKS.md). The kernel's products (M + 1) C of query and key tiles stay
+// in 32 bits.
 int deterministic_dq_copies(const BwdParams& params, bool sm90, int head_dim_class_value) {
   if (!sm90 || !params.deterministic || params.window_left >= 0 || params.window_right >= 0) return 1;
-  constexpr int64_t kMaxRotatedKeyTiles = 64;
   const int64_t block_n = sm90_bwd_block_n(head_dim_class_value);
-  const bool few_key_tiles = (params.seqlen_k + block_n - 1) / block_n <= kMaxRotatedKeyTiles;
-  return few_key_tiles && params.seqlen_q < (int64_t(1) << 30) ? 2 : 1;  // the kernel's int32 tile products
+  const int64_t key_tiles = (params.seqlen_k + block_n - 1) / block_n;
+  const int64_t query_tiles = (params.seqlen_q + kSm90BwdBlockM - 1) / kSm90BwdBlockM;
+  return (query_tiles + 1) * key_tiles < (int64_t(1) << 31) ? 2 : 1;
 }
 }  // namespace
 

@@ -50,8 +50,8 @@ struct BwdItems {
   int n_block, m_blocks, h_end, first_query_tile;
   bool rotated;
 
-  // rotated: pass.dq_copies == 2, which the host sets for at most 64 key
-  // tiles and fewer than 2^30 queries, so (M + 1) C stays below 2^31.
+  // rotated: pass.dq_copies == 2, which the host sets only where (M + 1) C
+  // stays below 2^31.
   FA_HOST_DEVICE static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated) {
     BwdItems items;
     items.shift = static_cast<int>(mask.shift);
