@@ -54,9 +54,9 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
     run our forward measured up to 13 % faster when timed first in its cell than the same kernel timed
     after torch's (hdim 128, 16k), most likely the GPU clock settling under load. Interleaving gives
     every runner the same mix of states.
-    rotate: round r starts at runner r (mod their count), so that no runner always follows the same one:
-    in session 8 the deterministic fwd+bwd, always timed right after the default one, measured 3-5 %
-    below the same code timed elsewhere in the round (BENCHMARKS.md, session 8).
+    rotate: round r starts at runner r (mod their count), so that no runner always follows the same one
+    (until session 8 the deterministic fwd+bwd always ran right after the default one; a precaution, its
+    effect not measured apart).
     A runner that raises gets None (a backend that refuses the shape)."""
     alive, times, errors = {}, {name: [] for name in fns}, {}
     for name, fn in fns.items():

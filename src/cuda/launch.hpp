@@ -34,7 +34,7 @@ struct BwdWorkspace {
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   size_t total = 0;
   int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
-  int dq_copies = 1;  // 2: the sm90 deterministic backward, no mask, at most 64 key tiles (BwdItems)
+  int dq_copies = 1;  // 2: the sm90 deterministic backward without a mask (BwdItems)
 };
 
 // What every CUDA entry point checks first: fp16 or bf16, compiled into this
