@@ -8,6 +8,7 @@
 #   FA_PROFILE="decode bwd fwd"   which kernels to profile
 #   FA_HEADDIMS="64;128"           head-dim classes to compile
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
+#   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fa_out}
@@ -38,12 +39,13 @@ profile() {  # profile NAME KERNEL_REGEX COMMAND...
   note "== ncu $name: exit $? | $(grep -m1 -E 'Duration' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'DRAM Throughput' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu/$name.txt" | tr -s ' ')"
 }
 
+decode_case() { [[ " ${FA_DECODE_CASES:-b64_32k b1_128k b8_128k b1_4k combine_b1_4k} " == *" $1 "* ]]; }
 if has decode; then
-  profile decode_b64_32k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768
-  profile decode_b1_128k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 131072
-  profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
-  profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
-  profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
+  decode_case b64_32k && profile decode_b64_32k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768
+  decode_case b1_128k && profile decode_b1_128k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 131072
+  decode_case b8_128k && profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
+  decode_case b1_4k && profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
+  decode_case combine_b1_4k && profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
 fi
 if has bwd; then
   profile bwd128 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
