@@ -28,6 +28,9 @@ def main():
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--rounds", type=int, default=6, help="round-robin rounds, each starting one runner later")
+    parser.add_argument("--variant-default", action="store_true",
+                        help="also time each variant's default (non-deterministic) fwd+bwd: a dev switch that "
+                             "perturbs the default kernel's registers shows there")
     parser.add_argument("variants", nargs="+", help="label=path of another libflashattn.so")
     args = parser.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -47,6 +50,8 @@ def main():
                            "det": Ours(fa, q, k, v, dout, causal, deterministic=True).fwdbwd}
                 for label, lib in variants.items():
                     runners[label] = Ours(lib, q, k, v, dout, causal, deterministic=True).fwdbwd
+                    if args.variant_default:
+                        runners[label + "_default"] = Ours(lib, q, k, v, dout, causal).fwdbwd
                 medians, errors = time_interleaved(runners, rounds=args.rounds)
                 row = {"dtype": args.dtype, "D": D, "N": N, "B": B, "H": H, "causal": causal}
                 for name, ms in medians.items():
