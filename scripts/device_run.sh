@@ -100,8 +100,8 @@ fi
 # A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
 # previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
 # classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16) times both builds in
-# the same rounds (bench_gpu.py --reference-lib); FA_REFERENCE_BENCH=0 only builds it. The decode
-# stage times build-ref's decode too when it exists.
+# the same rounds (bench_gpu.py --reference-lib); FA_REFERENCE_BENCH=0 only builds it. A decode
+# stage in the same call times build-ref's decode too (a build-ref left by an earlier call is not used).
 if has_stage reference; then
   start=$(date +%s)
   cmake -S "${FA_REFERENCE_SRC:?a source tree to compare against}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -153,7 +153,7 @@ fi
 # Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
 if has_stage decode; then
   PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
-    --out "$OUT" ${FA_DECODE_ARGS:-} $([ -f build-ref/libflashattn.so ] && echo --reference-lib build-ref/libflashattn.so) >"$OUT/decode_table.txt" 2>&1
+    --out "$OUT" ${FA_DECODE_ARGS:-} $(has_stage reference && [ -f build-ref/libflashattn.so ] && echo --reference-lib build-ref/libflashattn.so) >"$OUT/decode_table.txt" 2>&1
   note "== decode benchmark exit $?"
   cat "$OUT/decode_table.txt" >>"$SUMMARY"
 fi
