@@ -52,7 +52,7 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q, dO: kColBlocks x (kBlockM, 64)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T: (kBlockN, kBlockM), one column block
   static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
-  static constexpr int kBarrierBytes = 64;
+  static constexpr int kBarrierBytes = 128;
   // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
   // dS^T of items it % 2, LSE and delta of items it % 2 for each consumer warpgroup, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
@@ -73,10 +73,23 @@ struct BwdKernelArgs {
   sm80::BwdPass pass;
 };
 
+#ifndef FLASHATTN_SM90_DET_RELEASER
+#define FLASHATTN_SM90_DET_RELEASER 0  // dev A/B (variants stage): a releaser warp per consumer warpgroup
+#endif
+
+// Deterministic mode with FLASHATTN_SM90_DET_RELEASER: what a consumer
+// warpgroup hands its releaser warp (nullptr: no more).
+struct BwdHandoff {
+  int* semaphore;
+  int value;
+};
+
 struct BwdBarriers {
   uint64_t kv_full;
   uint64_t q_full[2], q_empty[2];
+  BwdHandoff handoff[2];  // one per consumer warpgroup
 };
+static_assert(sizeof(BwdBarriers) <= 128, "BwdBarriers fits the traits' kBarrierBytes");
 
 // The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
 template <bool kDeterministic>
@@ -152,6 +165,26 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   } while (work.items.template next<kAscending>(h, m_block));
 }
 
+// Named barriers of the releaser hand-off, per consumer warpgroup wg: the
+// consumer's 128 threads arrive on kHandoffBarrier + wg after their adds (the
+// releaser warp syncs), and sync on kTakenBarrier + wg before the next hand-off
+// (the releaser arrives once it has read the slot), so a consumer is never two
+// hand-offs ahead of its releaser.
+constexpr int kHandoffBarrier = 7, kTakenBarrier = 9;
+
+// Warp 1 + wg of the producer warpgroup: takes consumer wg's hand-offs and
+// releases them, so that the release's fence stalls this warp instead of a
+// consumer warp.
+__device__ __forceinline__ void release_dq_turns(BwdBarriers* bars, int wg) {
+  while (true) {
+    named_barrier_sync(kHandoffBarrier + wg, 160);
+    const BwdHandoff handoff = bars->handoff[wg];
+    if (handoff.semaphore == nullptr) return;
+    named_barrier_arrive(kTakenBarrier + wg, 160);
+    if (threadIdx.x % 32 == 0) sm80::store_release(handoff.semaphore, handoff.value);
+  }
+}
+
 // The start of a backward CTA (both kernels): barriers, then the producer
 // warpgroup gives its registers to the consumers and its thread 0 loads.
 // Returns true for the consumer threads.
@@ -171,6 +204,8 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) produce_bwd<Traits, kDeterministic>(args, smem);
+    if constexpr (kDeterministic && FLASHATTN_SM90_DET_RELEASER)
+      if (tid >= 32 && tid < 96) release_dq_turns(bars, tid / 32 - 1);
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -240,9 +275,28 @@ __device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], fl
 struct DeferredRelease {
   int* semaphore = nullptr;
   int value = 0;
-  __device__ __forceinline__ void release(bool warpgroup_leader) {
-    if (semaphore != nullptr && warpgroup_leader) sm80::store_release(semaphore, value);
+  int handoffs = 0;  // FLASHATTN_SM90_DET_RELEASER: hand-offs to the releaser warp so far
+  __device__ __forceinline__ void release(bool warpgroup_leader, BwdBarriers* bars, int wg) {
+    if (semaphore == nullptr) return;
+#if FLASHATTN_SM90_DET_RELEASER
+    handoff(warpgroup_leader, bars, wg, semaphore);
+#else
+    if (warpgroup_leader) sm80::store_release(semaphore, value);
+#endif
     semaphore = nullptr;
+  }
+  // The releaser warp of consumer wg gets (what, value) once the warpgroup's adds are behind the barrier.
+  __device__ __forceinline__ void handoff(bool warpgroup_leader, BwdBarriers* bars, int wg, int* what) {
+    if (handoffs > 0) named_barrier_sync(kTakenBarrier + wg, 160);  // it has read the previous one
+    if (warpgroup_leader) bars->handoff[wg] = BwdHandoff{what, value};
+    named_barrier_arrive(kHandoffBarrier + wg, 160);
+    ++handoffs;
+  }
+  // After the last item: tells the releaser warp to stop.
+  __device__ __forceinline__ void finish(bool warpgroup_leader, BwdBarriers* bars, int wg) {
+#if FLASHATTN_SM90_DET_RELEASER
+    handoff(warpgroup_leader, bars, wg, nullptr);
+#endif
   }
 };
 
@@ -278,10 +332,11 @@ struct DqTurn {
 };
 
 // After the last item: the warpgroup's final adds behind a barrier, then the release.
-__device__ __forceinline__ void release_last_dq_turn(int wg, bool warpgroup_leader, DeferredRelease& pending) {
+__device__ __forceinline__ void release_last_dq_turn(int wg, bool warpgroup_leader, DeferredRelease& pending,
+                                                     BwdBarriers* bars) {
   if (pending.semaphore == nullptr) return;
   named_barrier_sync(2 + wg, 128);
-  pending.release(warpgroup_leader);
+  pending.release(warpgroup_leader, bars, wg);
 }
 
 // dK (times the softmax scale) and dV of a consumer's 64 keys x kCols columns
@@ -420,7 +475,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 #pragma unroll
     for (int s = 0; s < Traits::kRowStatsPerThread; ++s) lse[wtid + 128 * s] = row_stat[s];  // delta follows LSE
     named_barrier_sync(5 + wg, 128);
-    pending.release(wtid == 0);  // the previous item's dQ adds of this warpgroup are behind this barrier
+    pending.release(wtid == 0, bars, wg);  // the previous item's dQ adds of this warpgroup are behind this barrier
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -519,7 +574,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     h = next_h;
     m_block = next_m_block;
   }
-  release_last_dq_turn(wg, wtid == 0, pending);
+  release_last_dq_turn(wg, wtid == 0, pending, bars);
+  if constexpr (kDeterministic) pending.finish(wtid == 0, bars, wg);
   store_dk_dv<T, kNO>(params, seq, b, n0, h_kv, keys, key_in_tile, 0, t, acc_dk, acc_dv);
 }
 

@@ -101,6 +101,9 @@ __device__ __forceinline__ void tma_load(void* smem, const CUtensorMap* map, int
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Byte offset of element (row, col) in a tile of column blocks: block col / 64
 // is (rows, 64) with the TMA's 128-byte swizzle.
