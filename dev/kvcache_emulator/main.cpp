@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     for (auto& th : threads) th.join();
   }
   if (splits > 1) {
-    const int rows = B * Hkv * 4; const unsigned blocks = (rows + 3) / 4;
+    const unsigned blocks = B * Hkv * 4;  // one per packed row
     emu::grid = {blocks, 1, 1};
     for (unsigned x = 0; x < blocks; ++x) {
       std::barrier<> bar(128); emu::block_barrier = &bar;

@@ -30,7 +30,8 @@ REPLACEMENTS = [
     ("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu::block_smem;"),
     ("extern __shared__ __align__(16) uint4 smem_chunks[];",
      "uint4* smem_chunks = reinterpret_cast<uint4*>(emu::block_smem);"),
-    ("__shared__ float weights[", "static float weights["),
+    ("__shared__ float ", "static float "),
+    ("__shared__ float4 ", "static float4 "),
 ]
 
 
@@ -42,7 +43,8 @@ def write_host(text, name):
 
 # kvcache_kernel.cuh takes its two constants from kvcache_launch.hpp, which needs the CUDA runtime.
 kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
-                "namespace flashattn::cuda::decode { constexpr int kKeysPerTile = 64; constexpr int kMaxSplits = 128; }\n")
+                "namespace flashattn::cuda::decode { constexpr int kKeysPerTile = 64; constexpr int kMaxSplits = 128; "
+                "constexpr int kMaxHeadDimV = 256; }\n")
 write_host(kk, "kvcache_kernel_host.hpp")
 for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
                      ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):

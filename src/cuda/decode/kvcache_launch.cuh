@@ -40,10 +40,13 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   if (batch_heads > 65535 || plan.row_blocks > 65535)
     return fail(FA_ERROR_UNSUPPORTED, "q: B * Hkv = %lld exceeds the grid limit 65535 of the decode kernel",
                 static_cast<long long>(batch_heads));
+  const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
+  if (plan.splits > 1 && batch_heads * rows > INT32_MAX)
+    return fail(FA_ERROR_UNSUPPORTED, "q: %lld packed rows to combine exceed the grid limit 2^31 - 1",
+                static_cast<long long>(batch_heads * rows));
   char* base = static_cast<char*>(workspace);
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
-  const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
@@ -61,9 +64,9 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
   }
   if (plan.splits > 1) {
-    const unsigned blocks = static_cast<unsigned>((batch_heads * rows + kCombineWarps - 1) / kCombineWarps);
-    combine_kernel<Element><<<blocks, kCombineWarps * 32, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
-                                                                        plan.rows_padded);
+    const unsigned blocks = static_cast<unsigned>(batch_heads * rows);  // one per packed row
+    combine_kernel<Element><<<blocks, kCombineThreads, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
+                                                                    plan.rows_padded);
     FA_CUDA_CHECK(cudaGetLastError());
   }
   return FA_OK;

@@ -15,6 +15,8 @@ namespace flashattn::cuda::decode {
 constexpr int kKeysPerTile = 64;
 // Most splits of one call (combine_kernel keeps a weight per split in shared memory).
 constexpr int kMaxSplits = 128;
+// The largest Dv of the decode head-dim classes (combine_kernel's shared sums).
+constexpr int kMaxHeadDimV = 256;
 
 // The split-KV kernels (CMake option FLASHATTN_CUDA_DECODE): tensor cores
 // (split_kv_mma.cuh, head-dim classes up to 128), CUDA cores with a private
