@@ -73,12 +73,8 @@ struct BwdKernelArgs {
   sm80::BwdPass pass;
 };
 
-#ifndef FLASHATTN_SM90_DET_RELEASER
-#define FLASHATTN_SM90_DET_RELEASER 0  // dev A/B (variants stage): a releaser warp per consumer warpgroup
-#endif
-
-// Deterministic mode with FLASHATTN_SM90_DET_RELEASER: what a consumer
-// warpgroup hands its releaser warp (nullptr: no more).
+// Deterministic mode: what a consumer warpgroup hands its releaser warp
+// (nullptr: no more).
 struct BwdHandoff {
   int* semaphore;
   int value;
@@ -204,7 +200,7 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) produce_bwd<Traits, kDeterministic>(args, smem);
-    if constexpr (kDeterministic && FLASHATTN_SM90_DET_RELEASER)
+    if constexpr (kDeterministic)
       if (tid >= 32 && tid < 96) release_dq_turns(bars, tid / 32 - 1);
     return false;
   }
@@ -266,23 +262,21 @@ __device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], fl
 }
 
 // Deterministic mode: the semaphore a consumer warpgroup still has to release
-// (and its value) once all its threads' dQ adds are behind a barrier. The
-// release goes out after the next item's first warpgroup barrier, when that
-// item's first GEMMs are already issued: the next key tile's CTA waits for
-// little more than the adds themselves, and the release's memory barrier
-// overlaps this warpgroup's own GEMMs. st.release is cumulative over the
-// barrier, so the other threads' reductions are visible before the value.
+// (and its value) once all its threads' dQ adds are behind a barrier. After
+// the next item's first warpgroup barrier (that item's first GEMMs are issued
+// by then) the warpgroup hands it to its releaser warp in the producer
+// warpgroup, which does the st.release: the release's memory barrier then
+// stalls an otherwise idle warp instead of a consumer (measured: +0-8 % for
+// the deterministic fwd+bwd, dev/sm90_log.md, session 9). The hand-off is a
+// bar.arrive, and st.release is cumulative over the barrier, so the consumers'
+// reductions are visible before the value.
 struct DeferredRelease {
   int* semaphore = nullptr;
   int value = 0;
-  int handoffs = 0;  // FLASHATTN_SM90_DET_RELEASER: hand-offs to the releaser warp so far
+  int handoffs = 0;  // hand-offs to the releaser warp so far
   __device__ __forceinline__ void release(bool warpgroup_leader, BwdBarriers* bars, int wg) {
     if (semaphore == nullptr) return;
-#if FLASHATTN_SM90_DET_RELEASER
     handoff(warpgroup_leader, bars, wg, semaphore);
-#else
-    if (warpgroup_leader) sm80::store_release(semaphore, value);
-#endif
     semaphore = nullptr;
   }
   // The releaser warp of consumer wg gets (what, value) once the warpgroup's adds are behind the barrier.
@@ -294,9 +288,7 @@ struct DeferredRelease {
   }
   // After the last item: tells the releaser warp to stop.
   __device__ __forceinline__ void finish(bool warpgroup_leader, BwdBarriers* bars, int wg) {
-#if FLASHATTN_SM90_DET_RELEASER
     handoff(warpgroup_leader, bars, wg, nullptr);
-#endif
   }
 };
 
