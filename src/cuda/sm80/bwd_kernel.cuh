@@ -48,6 +48,11 @@ struct BwdPass {
   // 2: the sm90 deterministic backward's rotated order (sm90/bwd_kernel.cuh, BwdItems)
   int dq_copies = 1;
   int64_t dq_copy_floats = 0;  // total_q * heads_per_pass * kHeadDim
+  // The sm90 deterministic backward's first adder of a query tile stores (the
+  // accumulator is not zeroed; dq_copy_reached tells the convert pass which
+  // copies hold a value). block_m: the query tile that numbers the semaphores.
+  bool dq_first_store = false;
+  int block_m = 0;
 };
 
 __device__ __forceinline__ int64_t packed_q_row0(const AttnParams& params, const SequenceBounds& seq, int b) {
@@ -77,6 +82,31 @@ __global__ void bwd_delta_kernel(const __grid_constant__ BwdParams params, float
   if (lane == 0) delta[int64_t(h) * params.total_q + r] = sum;
 }
 
+// With pass.dq_first_store: whether some key tile added into dQ copy `copy`
+// of packed row r, query head head_begin + hp (its wg-0 semaphore counts them).
+__device__ __forceinline__ bool dq_copy_reached(const BwdParams& params, const BwdPass& pass, int64_t r, int hp,
+                                                int copy) {
+  int b = 0;
+  int64_t i = r;
+  if (params.is_varlen) {
+    // The last sequence starting at or before r (empty ones share its start).
+    int lo = 0, hi = static_cast<int>(params.batch);
+    if (r < params.cu_seqlens_q[0]) return false;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (params.cu_seqlens_q[mid] <= r) lo = mid; else hi = mid;
+    }
+    b = lo;
+    if (r >= params.cu_seqlens_q[b + 1]) return false;  // a row past the last sequence
+    i = r - params.cu_seqlens_q[b];
+  } else {
+    b = static_cast<int>(r / params.seqlen_q);
+    i = r % params.seqlen_q;
+  }
+  const int64_t tile = (int64_t(b) * pass.heads_per_pass + hp) * pass.m_blocks + i / pass.block_m;
+  return pass.semaphores[tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * copy] != 0;
+}
+
 // dQ[r, h, :] = scale * sum over the copies c of dq_accum[c, r, h - head_begin, :]
 // (copy 0 first), 8 columns per thread.
 template <typename T, int kHeadDim>
@@ -87,8 +117,13 @@ __global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, 
   const int b = params.is_varlen ? 0 : static_cast<int>(r / params.seqlen_q);
   const int64_t i = params.is_varlen ? r : r % params.seqlen_q;
   const float* src = pass.dq_accum + (r * pass.heads_per_pass + hp) * kHeadDim + col;
-  float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
-  if (pass.dq_copies == 2) {
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 lo = zero, hi = zero;
+  if (!pass.dq_first_store || dq_copy_reached(params, pass, r, hp, 0)) {
+    lo = *reinterpret_cast<const float4*>(src);
+    hi = *reinterpret_cast<const float4*>(src + 4);
+  }
+  if (pass.dq_copies == 2 && (!pass.dq_first_store || dq_copy_reached(params, pass, r, hp, 1))) {
     const float4 lo1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats);
     const float4 hi1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats + 4);
     lo = make_float4(lo.x + lo1.x, lo.y + lo1.y, lo.z + lo1.z, lo.w + lo1.w);

@@ -48,7 +48,7 @@ fa_status run_fwd(const FwdParams& params, cudaStream_t stream) {
 // of the main kernel, which numbers the semaphores.
 template <typename T, int kHeadDim, class LaunchMain>
 fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, void* workspace, int block_m,
-                         cudaStream_t stream, LaunchMain&& launch_main) {
+                         cudaStream_t stream, LaunchMain&& launch_main, bool dq_first_store = false) {
   char* base = static_cast<char*>(workspace);
   float* delta = reinterpret_cast<float*>(base + layout.delta_offset);
   if (params.total_q > 0) {
@@ -66,9 +66,11 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
   pass.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
   pass.dq_copies = layout.dq_copies;
   pass.dq_copy_floats = int64_t(params.total_q) * layout.heads_per_pass * kHeadDim;
+  pass.dq_first_store = dq_first_store && pass.semaphores != nullptr;
+  pass.block_m = block_m;
   for (int head_begin = 0; head_begin < params.heads; head_begin += layout.heads_per_pass) {
     pass.head_begin = head_begin;
-    if (layout.dq_accum_bytes > 0)
+    if (layout.dq_accum_bytes > 0 && !pass.dq_first_store)
       FA_CUDA_CHECK(cudaMemsetAsync(pass.dq_accum, 0, layout.dq_accum_bytes, stream));
     if (pass.semaphores != nullptr && layout.semaphore_bytes > 0)
       FA_CUDA_CHECK(cudaMemsetAsync(pass.semaphores, 0, layout.semaphore_bytes, stream));

@@ -73,6 +73,10 @@ struct BwdKernelArgs {
   sm80::BwdPass pass;
 };
 
+#ifndef FLASHATTN_SM90_DQ_FIRST_STORE
+#define FLASHATTN_SM90_DQ_FIRST_STORE 1  // dev A/B (variants stage, =0): see write_dq_pair
+#endif
+
 // Deterministic mode: what a consumer warpgroup hands its releaser warp
 // (nullptr: no more).
 struct BwdHandoff {
@@ -331,6 +335,17 @@ __device__ __forceinline__ void release_last_dq_turn(int wg, bool warpgroup_lead
   pending.release(warpgroup_leader, bars, wg);
 }
 
+// One column pair of a dQ add. With FLASHATTN_SM90_DQ_FIRST_STORE the first
+// adder of a (query tile, dQ copy) in deterministic mode (rank 0) stores
+// instead, so the host does not zero the accumulator; the convert pass counts
+// a copy that no key tile reached (its semaphore still 0) as zero.
+__device__ __forceinline__ void write_dq_pair(float* address, float a, float b, bool first_adder) {
+  if (FLASHATTN_SM90_DQ_FIRST_STORE && first_adder)
+    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(a), "f"(b) : "memory");
+  else
+    sm80::red_add_f32x2(address, a, b);
+}
+
 // dK (times the softmax scale) and dV of a consumer's 64 keys x kCols columns
 // from its accumulators: element [4 j + 2 r + c] is key key_in_tile + 8 r,
 // column col0 + 8 j + 2 t + c.
@@ -543,24 +558,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     float* dq_rows = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
                      ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
     const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
-    auto add_dq = [&]() {
+    auto add_dq = [&](bool first_adder) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int query = dq_query_block * 64 + warp * 16 + g + 8 * r, col = dq_col_block * 64 + 8 * j + 2 * t;
           if (query < rows && col < dim)
-            sm80::red_add_f32x2(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r],
-                                acc_dq[4 * j + 2 * r + 1]);
+            write_dq_pair(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
+                          first_adder);
         }
     };
     if (!deterministic) {
-      add_dq();
+      add_dq(false);
     } else {
       // Deterministic: the key tiles of one query tile add in BwdItems' order;
       // the two warpgroups add disjoint blocks.
       turn.wait(wg, wtid == 0, pending);
-      add_dq();  // released during the next item (DeferredRelease)
+      add_dq(turn.rank == 0);  // released during the next item (DeferredRelease)
     }
     if (!has_next) break;
     h = next_h;

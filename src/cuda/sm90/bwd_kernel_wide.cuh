@@ -220,7 +220,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
       for (int r = 0; r < 2; ++r) {
         const int query = warp * 16 + g + 8 * r, col = col_block0 * 64 + 8 * j + 2 * t;
         if (query < rows && col < dim)
-          sm80::red_add_f32x2(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1]);
+          write_dq_pair(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
+                        deterministic && turn.rank == 0);
       }
     if (!has_next) break;
     h = next_h;

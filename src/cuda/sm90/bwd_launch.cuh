@@ -57,7 +57,8 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
           FA_CUDA_CHECK(cudaGetLastError());
         }
         return FA_OK;
-      });
+      },
+      FLASHATTN_SM90_DQ_FIRST_STORE != 0);
 }
 
 }  // namespace flashattn::cuda
