@@ -52,7 +52,7 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q, dO: kColBlocks x (kBlockM, 64)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T: (kBlockN, kBlockM), one column block
   static constexpr int kRowStatBytes = kBlockM * 4;        // LSE (log2 units) or delta of one item
-  static constexpr int kBarrierBytes = 128;
+  static constexpr int kBarrierBytes = 64;
   // Shared memory, from a 1024-byte aligned base: K, V, kStages x Q, kStages x dO,
   // dS^T of items it % 2, LSE and delta of items it % 2 for each consumer warpgroup, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
@@ -73,23 +73,17 @@ struct BwdKernelArgs {
   sm80::BwdPass pass;
 };
 
+#ifndef FLASHATTN_SM90_DET_WARP_POLL
+#define FLASHATTN_SM90_DET_WARP_POLL 0  // dev A/B (variants stage): every warp polls, no warpgroup barrier
+#endif
 #ifndef FLASHATTN_SM90_DQ_FIRST_STORE
 #define FLASHATTN_SM90_DQ_FIRST_STORE 1  // dev A/B (variants stage, =0): see write_dq_pair
 #endif
 
-// Deterministic mode: what a consumer warpgroup hands its releaser warp
-// (nullptr: no more).
-struct BwdHandoff {
-  int* semaphore;
-  int value;
-};
-
 struct BwdBarriers {
   uint64_t kv_full;
   uint64_t q_full[2], q_empty[2];
-  BwdHandoff handoff[2];  // one per consumer warpgroup
 };
-static_assert(sizeof(BwdBarriers) <= 128, "BwdBarriers fits the traits' kBarrierBytes");
 
 // The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
 template <bool kDeterministic>
@@ -165,23 +159,34 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   } while (work.items.template next<kAscending>(h, m_block));
 }
 
-// Named barriers of the releaser hand-off, per consumer warpgroup wg: the
-// consumer's 128 threads arrive on kHandoffBarrier + wg after their adds (the
-// releaser warp syncs), and sync on kTakenBarrier + wg before the next hand-off
-// (the releaser arrives once it has read the slot), so a consumer is never two
-// hand-offs ahead of its releaser.
+// Named barriers of the deterministic hand-off, per consumer warpgroup wg:
+// the consumer's 128 threads arrive on kHandoffBarrier + wg after their dQ
+// adds of an item (its releaser warp syncs), and sync on kTakenBarrier + wg
+// before the next hand-off (the releaser arrives once it has passed the
+// previous one), so a consumer is never two hand-offs ahead of its releaser.
 constexpr int kHandoffBarrier = 7, kTakenBarrier = 9;
 
-// Warp 1 + wg of the producer warpgroup: takes consumer wg's hand-offs and
-// releases them, so that the release's fence stalls this warp instead of a
-// consumer warp.
-__device__ __forceinline__ void release_dq_turns(BwdBarriers* bars, int wg) {
-  while (true) {
+// Warp 1 + wg of the producer warpgroup in deterministic mode: releases the
+// semaphore of each of consumer wg's items once the consumer's adds are behind
+// the hand-off barrier, so that the release's fence stalls this warp instead of
+// a consumer. It walks the items itself (the same BwdItems as the consumers):
+// nothing passes through shared memory.
+template <class Traits>
+__device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int wg) {
+  const sm80::BwdPass& pass = args.pass;
+  const int b = blockIdx.z;
+  const auto work = BwdTileWork<Traits>::make(args.params, pass, b, bwd_key_tile<true>(), blockIdx.y);
+  int h = work.h_first, m_block = work.items.template m_start<true>();
+  bool more = work.items.template next<true>(h, m_block);
+  while (more) {
+    const int64_t tile = (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
+    int* semaphore =
+        pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * work.items.dq_copy(m_block) + wg;
+    const int value = work.items.dq_rank(m_block) + 1;
+    more = work.items.template next<true>(h, m_block);
     named_barrier_sync(kHandoffBarrier + wg, 160);
-    const BwdHandoff handoff = bars->handoff[wg];
-    if (handoff.semaphore == nullptr) return;
-    named_barrier_arrive(kTakenBarrier + wg, 160);
-    if (threadIdx.x % 32 == 0) sm80::store_release(handoff.semaphore, handoff.value);
+    if (more) named_barrier_arrive(kTakenBarrier + wg, 160);
+    if (threadIdx.x % 32 == 0) sm80::store_release(semaphore, value);
   }
 }
 
@@ -205,7 +210,7 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) produce_bwd<Traits, kDeterministic>(args, smem);
     if constexpr (kDeterministic)
-      if (tid >= 32 && tid < 96) release_dq_turns(bars, tid / 32 - 1);
+      if (tid >= 32 && tid < 96) release_dq_turns<Traits>(args, tid / 32 - 1);
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
@@ -265,34 +270,24 @@ __device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], fl
     }
 }
 
-// Deterministic mode: the semaphore a consumer warpgroup still has to release
-// (and its value) once all its threads' dQ adds are behind a barrier. After
-// the next item's first warpgroup barrier (that item's first GEMMs are issued
-// by then) the warpgroup hands it to its releaser warp in the producer
-// warpgroup, which does the st.release: the release's memory barrier then
-// stalls an otherwise idle warp instead of a consumer (measured: +0-8 % for
-// the deterministic fwd+bwd, dev/sm90_log.md, session 9). The hand-off is a
-// bar.arrive, and st.release is cumulative over the barrier, so the consumers'
-// reductions are visible before the value.
+// Deterministic mode: whether a consumer warpgroup has dQ adds its releaser
+// warp has not been told of yet. The hand-off goes out after the next item's
+// first warpgroup barrier (that item's first GEMMs are issued by then) or
+// after the last item; the releaser warp (release_dq_turns) then does the
+// st.release, whose memory barrier stalls an otherwise idle warp instead of a
+// consumer (measured: +0-8 % for the deterministic fwd+bwd, dev/sm90_log.md,
+// session 9). The consumers' reductions come before their bar.arrive, which
+// synchronizes with the releaser's bar.sync, and st.release is cumulative, so
+// the adds are visible before the semaphore's value.
 struct DeferredRelease {
-  int* semaphore = nullptr;
-  int value = 0;
-  int handoffs = 0;  // hand-offs to the releaser warp so far
-  __device__ __forceinline__ void release(bool warpgroup_leader, BwdBarriers* bars, int wg) {
-    if (semaphore == nullptr) return;
-    handoff(warpgroup_leader, bars, wg, semaphore);
-    semaphore = nullptr;
-  }
-  // The releaser warp of consumer wg gets (what, value) once the warpgroup's adds are behind the barrier.
-  __device__ __forceinline__ void handoff(bool warpgroup_leader, BwdBarriers* bars, int wg, int* what) {
-    if (handoffs > 0) named_barrier_sync(kTakenBarrier + wg, 160);  // it has read the previous one
-    if (warpgroup_leader) bars->handoff[wg] = BwdHandoff{what, value};
+  bool pending = false;
+  int handoffs = 0;
+  __device__ __forceinline__ void release(int wg) {
+    if (!pending) return;
+    if (handoffs > 0) named_barrier_sync(kTakenBarrier + wg, 160);  // the releaser has passed the previous one
     named_barrier_arrive(kHandoffBarrier + wg, 160);
     ++handoffs;
-  }
-  // After the last item: tells the releaser warp to stop.
-  __device__ __forceinline__ void finish(bool warpgroup_leader, BwdBarriers* bars, int wg) {
-    handoff(warpgroup_leader, bars, wg, nullptr);
+    pending = false;
   }
 };
 
@@ -315,25 +310,23 @@ struct DqTurn {
     turn.semaphore =
         pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * items.dq_copy(m_block) + wg;
     turn.rank = items.dq_rank(m_block);
-    turn.seen = warpgroup_leader ? sm80::load_acquire(turn.semaphore) : 0;
+    const bool poller = FLASHATTN_SM90_DET_WARP_POLL ? threadIdx.x % 32 == 0 : warpgroup_leader;
+    turn.seen = poller ? sm80::load_acquire(turn.semaphore) : 0;
     return turn;
   }
   __device__ __forceinline__ void wait(int wg, bool warpgroup_leader, DeferredRelease& pending) {
-    if (warpgroup_leader)
-      while (seen != rank) seen = sm80::load_acquire(semaphore);
-    named_barrier_sync(2 + wg, 128);
-    pending.semaphore = semaphore;
-    pending.value = rank + 1;
+    if (FLASHATTN_SM90_DET_WARP_POLL) {
+      if (threadIdx.x % 32 == 0)
+        while (seen != rank) seen = sm80::load_acquire(semaphore);
+      __syncwarp();
+    } else {
+      if (warpgroup_leader)
+        while (seen != rank) seen = sm80::load_acquire(semaphore);
+      named_barrier_sync(2 + wg, 128);
+    }
+    pending.pending = true;
   }
 };
-
-// After the last item: the warpgroup's final adds behind a barrier, then the release.
-__device__ __forceinline__ void release_last_dq_turn(int wg, bool warpgroup_leader, DeferredRelease& pending,
-                                                     BwdBarriers* bars) {
-  if (pending.semaphore == nullptr) return;
-  named_barrier_sync(2 + wg, 128);
-  pending.release(warpgroup_leader, bars, wg);
-}
 
 // One column pair of a dQ add. With FLASHATTN_SM90_DQ_FIRST_STORE the first
 // adder of a (query tile, dQ copy) in deterministic mode (rank 0) stores
@@ -482,7 +475,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 #pragma unroll
     for (int s = 0; s < Traits::kRowStatsPerThread; ++s) lse[wtid + 128 * s] = row_stat[s];  // delta follows LSE
     named_barrier_sync(5 + wg, 128);
-    pending.release(wtid == 0, bars, wg);  // the previous item's dQ adds of this warpgroup are behind this barrier
+    pending.release(wg);  // the previous item's dQ adds of this warpgroup
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -581,8 +574,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     h = next_h;
     m_block = next_m_block;
   }
-  release_last_dq_turn(wg, wtid == 0, pending, bars);
-  if constexpr (kDeterministic) pending.finish(wtid == 0, bars, wg);
+  pending.release(wg);
   store_dk_dv<T, kNO>(params, seq, b, n0, h_kv, keys, key_in_tile, 0, t, acc_dk, acc_dv);
 }
 

@@ -35,7 +35,7 @@ struct BwdWideTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // Q, dO: kColBlocks x (kBlockM, 64)
   static constexpr int kPBytes = kBlockN * kBlockM * 2;     // P^T or dS^T: (kBlockN keys, kBlockM queries)
   static constexpr int kRowStatBytes = 2 * kQueriesPerConsumer * 4;  // LSE, delta of a consumer's queries
-  static constexpr int kBarrierBytes = 128;
+  static constexpr int kBarrierBytes = 64;
   // From a 1024-byte aligned base: K, V, kStages x Q, kStages x dO, (P^T, dS^T)
   // of items it % 2, row statistics of items it % 2 per consumer, barriers.
   static constexpr int kOffsetK = 0, kOffsetV = kKVBytes, kOffsetQ = 2 * kKVBytes;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     float* delta = lse + kQueries;
     if (wtid < 2 * kQueries) lse[wtid] = row_stat;  // lse[kQueries + i] is delta[i]
     named_barrier_sync(5 + wg, 128);
-    pending.release(wtid == 0, bars, wg);  // the previous item's dQ adds of this consumer are behind this barrier
+    pending.release(wg);  // the previous item's dQ adds of this consumer
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -221,14 +221,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
         const int query = warp * 16 + g + 8 * r, col = col_block0 * 64 + 8 * j + 2 * t;
         if (query < rows && col < dim)
           write_dq_pair(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
-                        deterministic && turn.rank == 0);
+                        kDeterministic && turn.rank == 0);
       }
     if (!has_next) break;
     h = next_h;
     m_block = next_m_block;
   }
-  release_last_dq_turn(wg, wtid == 0, pending, bars);
-  if constexpr (kDeterministic) pending.finish(wtid == 0, bars, wg);
+  pending.release(wg);
   store_dk_dv<T, Traits::kColsPerConsumer>(params, seq, b, n0, h_kv, keys, key_in_tile, col_block0 * 64, t, acc_dk,
                                            acc_dv);
 }
