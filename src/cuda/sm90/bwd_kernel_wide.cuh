@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
           desc_mn_major(sK_addr + col_block0 * kBlockN * 128 + kk * 16 * 128, kBlockN * 128), kk > 0 ? 1 : 0);
     wgmma_commit();
     DqTurn turn;  // deterministic mode
-    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg, wtid == 0);
+    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg);
     int next_h = h, next_m_block = m_block;
     const bool has_next = items.template next<kDeterministic>(next_h, next_m_block);
     if (has_next && wtid < 2 * kQueries) row_stat = load_row_stat(next_h, next_m_block);
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     if (deterministic) {
       // The key tiles of one query tile add in BwdItems' order; the two
       // consumers add disjoint columns, each with its own semaphore.
-      turn.wait(wg, wtid == 0, pending);
+      turn.wait(pending);
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
