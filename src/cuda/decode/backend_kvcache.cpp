@@ -43,12 +43,15 @@ int kvcache_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 
 // The fewest splits whose wave efficiency (blocks / (waves * slots)) is within 95 % of
 // the best; no split when B * Hkv * row blocks already fill the GPU. A split gets at
-// least two tiles of keys. flash-attn's rule takes 85 %; on the H200 that chose 28-29
+// least four tiles of keys. flash-attn's rule takes 85 %; on the H200 that chose 28-29
 // splits at B = 1 (8 KV heads, 264 slots), 232 blocks, and the sweep of session 8 timed
 // 32 splits 10 % faster at 32k keys (56.0 vs 61.7 us); at B = 8, 4k both rules take 4,
-// the best count of the sweep (dev/kvcache_decode.md).
+// the best count of the sweep. With two tiles a split, B = 1 with 4k keys took 31
+// splits (22.0 us in session 9's sweep, some splits with three tiles); 16 splits of
+// four tiles took 19.3 us, the best of that sweep, since each block's fixed cost
+// outweighs a tile (dev/kvcache_decode.md).
 int choose_splits(int64_t blocks, int64_t capacity, int slots) {
-  const int64_t max_by_keys = std::max<int64_t>(1, capacity / (2 * decode::kKeysPerTile));
+  const int64_t max_by_keys = std::max<int64_t>(1, capacity / (4 * decode::kKeysPerTile));
   const int max_splits = static_cast<int>(std::min<int64_t>({kMaxSplits, max_by_keys, slots}));
   if (blocks >= int64_t(slots) * 8 / 10 || max_splits <= 1) return 1;
   double best = 0.0;
