@@ -58,7 +58,7 @@ fa_status run_bwd_sm90(const BwdParams& params, const BwdWorkspace& layout, void
         }
         return FA_OK;
       },
-      FLASHATTN_SM90_DQ_FIRST_STORE != 0);
+      /*dq_first_store=*/true);
 }
 
 }  // namespace flashattn::cuda
