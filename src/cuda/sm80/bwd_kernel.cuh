@@ -49,8 +49,9 @@ struct BwdPass {
   int dq_copies = 1;
   int64_t dq_copy_floats = 0;  // total_q * heads_per_pass * kHeadDim
   // The sm90 deterministic backward's first adder of a query tile stores (the
-  // accumulator is not zeroed; dq_copy_reached tells the convert pass which
-  // copies hold a value). block_m: the query tile that numbers the semaphores.
+  // accumulator is not zeroed; the convert pass reads a copy only where
+  // dq_row_semaphores shows an adder). block_m: the query tile that numbers
+  // the semaphores.
   bool dq_first_store = false;
   int block_m = 0;
 };
@@ -82,29 +83,36 @@ __global__ void bwd_delta_kernel(const __grid_constant__ BwdParams params, float
   if (lane == 0) delta[int64_t(h) * params.total_q + r] = sum;
 }
 
-// With pass.dq_first_store: whether some key tile added into dQ copy `copy`
-// of packed row r, query head head_begin + hp (its wg-0 semaphore counts them).
-__device__ __forceinline__ bool dq_copy_reached(const BwdParams& params, const BwdPass& pass, int64_t r, int hp,
-                                                int copy) {
+// The sm90 deterministic semaphores of query tile m_block of query head
+// head_begin + hp in sequence b: [2 copy + wg] counts the key tiles whose
+// consumer warpgroup wg has added into dQ copy `copy`.
+__device__ __forceinline__ int* dq_tile_semaphores(const BwdPass& pass, int b, int hp, int m_block) {
+  const int64_t tile = (int64_t(b) * pass.heads_per_pass + hp) * pass.m_blocks + m_block;
+  return pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile;
+}
+
+// With pass.dq_first_store: the semaphores of the query tile that holds
+// packed row r (dq_tile_semaphores), nullptr for a row of no sequence.
+__device__ __forceinline__ const int* dq_row_semaphores(const BwdParams& params, const BwdPass& pass, int64_t r,
+                                                        int hp) {
   int b = 0;
   int64_t i = r;
   if (params.is_varlen) {
     // The last sequence starting at or before r (empty ones share its start).
     int lo = 0, hi = static_cast<int>(params.batch);
-    if (r < params.cu_seqlens_q[0]) return false;
+    if (r < params.cu_seqlens_q[0]) return nullptr;
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (params.cu_seqlens_q[mid] <= r) lo = mid; else hi = mid;
     }
     b = lo;
-    if (r >= params.cu_seqlens_q[b + 1]) return false;  // a row past the last sequence
+    if (r >= params.cu_seqlens_q[b + 1]) return nullptr;  // a row past the last sequence
     i = r - params.cu_seqlens_q[b];
   } else {
     b = static_cast<int>(r / params.seqlen_q);
     i = r % params.seqlen_q;
   }
-  const int64_t tile = (int64_t(b) * pass.heads_per_pass + hp) * pass.m_blocks + i / pass.block_m;
-  return pass.semaphores[tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * copy] != 0;
+  return dq_tile_semaphores(pass, b, hp, static_cast<int>(i / pass.block_m));
 }
 
 // dQ[r, h, :] = scale * sum over the copies c of dq_accum[c, r, h - head_begin, :]
@@ -117,13 +125,16 @@ __global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, 
   const int b = params.is_varlen ? 0 : static_cast<int>(r / params.seqlen_q);
   const int64_t i = params.is_varlen ? r : r % params.seqlen_q;
   const float* src = pass.dq_accum + (r * pass.heads_per_pass + hp) * kHeadDim + col;
+  // With first-adder stores a copy that no key tile reached holds no value.
+  const int* reached = pass.dq_first_store ? dq_row_semaphores(params, pass, r, hp) : nullptr;
+  auto holds = [&](int copy) { return !pass.dq_first_store || (reached != nullptr && reached[2 * copy] != 0); };
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 lo = zero, hi = zero;
-  if (!pass.dq_first_store || dq_copy_reached(params, pass, r, hp, 0)) {
+  if (holds(0)) {
     lo = *reinterpret_cast<const float4*>(src);
     hi = *reinterpret_cast<const float4*>(src + 4);
   }
-  if (pass.dq_copies == 2 && (!pass.dq_first_store || dq_copy_reached(params, pass, r, hp, 1))) {
+  if (pass.dq_copies == 2 && holds(1)) {
     const float4 lo1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats);
     const float4 hi1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats + 4);
     lo = make_float4(lo.x + lo1.x, lo.y + lo1.y, lo.z + lo1.z, lo.w + lo1.w);

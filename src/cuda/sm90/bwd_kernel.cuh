@@ -73,7 +73,6 @@ struct BwdKernelArgs {
   sm80::BwdPass pass;
 };
 
-
 struct BwdBarriers {
   uint64_t kv_full;
   uint64_t q_full[2], q_empty[2];
@@ -173,9 +172,8 @@ __device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int 
   int h = work.h_first, m_block = work.items.template m_start<true>();
   bool more = work.items.template next<true>(h, m_block);
   while (more) {
-    const int64_t tile = (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
     int* semaphore =
-        pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * work.items.dq_copy(m_block) + wg;
+        sm80::dq_tile_semaphores(pass, b, h - pass.head_begin, m_block) + 2 * work.items.dq_copy(m_block) + wg;
     const int value = work.items.dq_rank(m_block) + 1;
     more = work.items.template next<true>(h, m_block);
     named_barrier_sync(kHandoffBarrier + wg, 160);
@@ -302,9 +300,8 @@ struct DqTurn {
   __device__ __forceinline__ static DqTurn begin(const sm80::BwdPass& pass, const Items& items, int b, int h,
                                                  int m_block, int wg) {
     DqTurn turn;
-    const int64_t tile = (int64_t(b) * pass.heads_per_pass + (h - pass.head_begin)) * pass.m_blocks + m_block;
     turn.semaphore =
-        pass.semaphores + tile * flashattn::cuda::kSemaphoresPerQueryTile + 2 * items.dq_copy(m_block) + wg;
+        sm80::dq_tile_semaphores(pass, b, h - pass.head_begin, m_block) + 2 * items.dq_copy(m_block) + wg;
     turn.rank = items.dq_rank(m_block);
     turn.seen = threadIdx.x % 32 == 0 ? sm80::load_acquire(turn.semaphore) : 0;
     return turn;
