@@ -5,7 +5,8 @@ tiles) as its key tile sees; CTAs start in launch order as SMs free up. Prints
 the makespan of each order against the ideal (total items / SMs). The
 deterministic mode must launch the CTAs of a head's last key tiles first
 (every wait on a CTA launched earlier, src/cuda/sm90/bwd_items.hpp), so the
-longest CTAs start last; the default launches them first.
+longest CTAs start last; the default launches them first. Split into groups
+of key tiles (one dQ copy each), the groups launch longest first.
 
     python3 dev/det_launch_sim.py
 """
@@ -23,6 +24,14 @@ def makespan(order, lengths, sms):
     return end
 
 
+def grouped_order(heads, key_tiles, groups):
+    """BwdItems' causal order (deterministic_launch_slot): groups of key tiles in turn, the
+    first (longest CTAs) first; in each the heads in turn, each's key tiles descending."""
+    size = -(-key_tiles // groups)
+    return [(h, n) for first in range(0, key_tiles, size) for h in range(heads)
+            for n in reversed(range(first, min(first + size, key_tiles)))]
+
+
 def report(label, heads, key_tiles, query_tiles, tiles_per_key_tile, sms=132):
     lengths = {(h, n): max(0, query_tiles - tiles_per_key_tile * n) for h in range(heads) for n in range(key_tiles)}
     ideal = sum(lengths.values()) / sms
@@ -31,6 +40,8 @@ def report(label, heads, key_tiles, query_tiles, tiles_per_key_tile, sms=132):
         "deterministic: heads in turn, key tiles descending": [
             (h, n) for h in range(heads) for n in reversed(range(key_tiles))],
         "deterministic, heads interleaved": [(h, n) for n in reversed(range(key_tiles)) for h in range(heads)],
+        "deterministic, 2 key-tile groups (2 dQ copies)": grouped_order(heads, key_tiles, 2),
+        "deterministic, 4 key-tile groups (the kernel's)": grouped_order(heads, key_tiles, 4),
     }
     print(f"{label}: ideal {ideal:.0f} items per SM")
     for name, order in orders.items():

@@ -3,9 +3,11 @@
 // visits exactly the query tiles that see one of its keys, in both orders;
 // the adds into each (head, query tile, dQ copy) have ranks 0..k-1 by
 // descending key tile, so every wait is on a CTA launched earlier; a
-// simulated launch finishes with any number of resident CTAs; and where the
-// order is meant to match the CTAs' arrival (causal masks, the rotated order
-// without a mask) CTAs running side by side never wait.
+// simulated launch (in the kernel's launch order, deterministic_launch_slot)
+// finishes with any number of resident CTAs; and where the order is meant to
+// match the CTAs' arrival (causal masks, the rotated order without a mask)
+// CTAs running side by side never wait. Under masks the key tiles are also
+// checked in groups, each adding into a dQ copy of its own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@ namespace {
 
 using flashattn::MaskPolicy;
 using flashattn::sm90::BwdItems;
+using flashattn::sm90::deterministic_launch_slot;
 
 struct Shape {
   int len_q, len_k;
@@ -41,8 +44,8 @@ struct Item {
 
 // The items of CTA n_block in the order the kernel walks them.
 template <int kBlockM, int kBlockN>
-std::vector<Item> walk(const Shape& shape, int n_block, bool deterministic, bool rotated) {
-  const auto items = BwdItems<kBlockM, kBlockN>::make(shape.mask(), n_block, shape.group, rotated);
+std::vector<Item> walk(const Shape& shape, int n_block, bool deterministic, bool rotated, int key_group_tiles = 0) {
+  const auto items = BwdItems<kBlockM, kBlockN>::make(shape.mask(), n_block, shape.group, rotated, key_group_tiles);
   std::vector<Item> out;
   int h = 0;
   int m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
@@ -62,14 +65,14 @@ bool tile_visible(const MaskPolicy& mask, int m_block, int n_block) {
   return false;
 }
 
-// Runs the deterministic hand-off: CTAs launch by descending key tile, at
-// most `resident` at a time (a finished one frees its place for the next);
+// Runs the deterministic hand-off: CTAs (indexed by key tile) launch in the
+// order of deterministic_launch_slot for one K/V head, at most `resident` at a time (a finished one frees its place for the next);
 // in each step every resident CTA adds its next item if the semaphore of its
 // (head, query tile, copy) has reached its rank. A release is seen from the
 // next step on, as the kernel's releases land during the next item. Returns
 // the number of waits (a CTA that could not add), or -1 when no CTA can move
 // (a deadlock).
-int64_t simulate(const std::vector<std::vector<Item>>& ctas, int resident) {
+int64_t simulate(const std::vector<std::vector<Item>>& ctas, int resident, int key_group_tiles) {
   const int count = static_cast<int>(ctas.size());
   std::map<std::tuple<int, int, int>, int> semaphores;
   std::vector<size_t> next(count, 0);
@@ -77,7 +80,8 @@ int64_t simulate(const std::vector<std::vector<Item>>& ctas, int resident) {
   std::vector<int> running;
   int64_t waits = 0;
   while (finished < count) {
-    while (static_cast<int>(running.size()) < resident && launched < count) running.push_back(count - 1 - launched++);
+    while (static_cast<int>(running.size()) < resident && launched < count)
+      running.push_back(deterministic_launch_slot(launched++, count, 1, key_group_tiles).n_block);
     bool moved = false;
     std::vector<int> still;
     std::vector<std::tuple<int, int, int>> released;
@@ -107,17 +111,17 @@ int64_t simulate(const std::vector<std::vector<Item>>& ctas, int resident) {
 }
 
 template <int kBlockM, int kBlockN>
-void check_shape(const Shape& shape, bool rotated) {
+void check_shape(const Shape& shape, bool rotated, int key_group_tiles = 0) {
   SCOPED_TRACE(shape.name() + " block " + std::to_string(kBlockM) + "x" + std::to_string(kBlockN) +
-               (rotated ? " rotated" : ""));
+               (rotated ? " rotated" : "") + " key groups of " + std::to_string(key_group_tiles));
   const MaskPolicy mask = shape.mask();
   const int m_blocks = (shape.len_q + kBlockM - 1) / kBlockM, n_blocks = (shape.len_k + kBlockN - 1) / kBlockN;
   std::vector<std::vector<Item>> ctas;
   // (head, query tile, copy) -> the key tiles adding there and their ranks
   std::map<std::tuple<int, int, int>, std::map<int, int>> adders;
   for (int n = 0; n < n_blocks; ++n) {
-    const std::vector<Item> det = walk<kBlockM, kBlockN>(shape, n, true, rotated);
-    const std::vector<Item> plain = walk<kBlockM, kBlockN>(shape, n, false, rotated);
+    const std::vector<Item> det = walk<kBlockM, kBlockN>(shape, n, true, rotated, key_group_tiles);
+    const std::vector<Item> plain = walk<kBlockM, kBlockN>(shape, n, false, rotated, key_group_tiles);
     std::set<std::pair<int, int>> expected, seen_det, seen_plain;
     for (int h = 0; h < shape.group; ++h)
       for (int m = 0; m < m_blocks; ++m)
@@ -128,7 +132,10 @@ void check_shape(const Shape& shape, bool rotated) {
     EXPECT_EQ(seen_plain, expected) << "key tile " << n << ", default order";
     for (size_t i = 1; i < det.size(); ++i) EXPECT_LE(det[i - 1].h, det[i].h) << "heads ascending";
     for (const Item& item : det) {
-      EXPECT_TRUE(item.copy == 0 || rotated) << "copy 1 only in the rotated order";
+      if (rotated)
+        EXPECT_TRUE(item.copy == 0 || item.copy == 1) << "the rotated order's two copies";
+      else
+        EXPECT_EQ(item.copy, key_group_tiles > 0 ? n / key_group_tiles : 0) << "key tile " << n << "'s group";
       adders[{item.h, item.m_block, item.copy}][n] = item.rank;
     }
     ctas.push_back(det);
@@ -142,11 +149,12 @@ void check_shape(const Shape& shape, bool rotated) {
                                              << ", key tile " << it->first;
   }
   if (::testing::Test::HasFailure()) return;
-  for (int resident : {1, 2, 5, n_blocks}) EXPECT_GE(simulate(ctas, resident), 0) << resident << " resident";
+  for (int resident : {1, 2, 5, n_blocks})
+    EXPECT_GE(simulate(ctas, resident, key_group_tiles), 0) << resident << " resident";
   // Side by side, the order matches the arrival: no CTA waits.
   const bool causal_square = shape.window_left < 0 && shape.window_right == 0 && shape.len_q == shape.len_k;
   if ((rotated && m_blocks >= n_blocks) || causal_square) {
-    EXPECT_EQ(simulate(ctas, n_blocks), 0);
+    EXPECT_EQ(simulate(ctas, n_blocks, key_group_tiles), 0);
   }
 }
 
@@ -171,8 +179,46 @@ TEST(BwdItemOrder, EveryShapeAndTile) {
       check_shape<64, 128>(shape, true);
       check_shape<128, 128>(shape, true);
       check_shape<64, 64>(shape, true);
+    } else {
+      // The host's groups (up to 4 copies), and the extremes: one key tile per
+      // group, and two.
+      for (int block_n : {128, 64}) {
+        const int n_blocks = (shape.len_k + block_n - 1) / block_n;
+        for (int group_tiles : {(n_blocks + 3) / 4, 1, 2}) {
+          if (block_n == 128) {
+            check_shape<64, 128>(shape, false, group_tiles);
+            check_shape<128, 128>(shape, false, group_tiles);
+          } else {
+            check_shape<64, 64>(shape, false, group_tiles);
+          }
+        }
+      }
     }
   }
+}
+
+TEST(BwdItemOrder, LaunchSlotsCoverTheGridInGroups) {
+  for (int key_tiles : {1, 2, 5, 12, 128})
+    for (int kv_heads : {1, 3, 16})
+      for (int group_tiles : {0, 1, 3, (key_tiles + 3) / 4, key_tiles}) {
+        SCOPED_TRACE(std::to_string(key_tiles) + " key tiles, " + std::to_string(kv_heads) + " heads, groups of " +
+                     std::to_string(group_tiles));
+        std::set<std::pair<int, int>> seen;
+        int previous_group = 0;
+        std::map<int, int> last_tile_of_head;  // within the current group
+        for (int slot = 0; slot < key_tiles * kv_heads; ++slot) {
+          const auto [n, h] = deterministic_launch_slot(slot, key_tiles, kv_heads, group_tiles);
+          ASSERT_TRUE(n >= 0 && n < key_tiles && h >= 0 && h < kv_heads) << "slot " << slot << ": " << n << ", " << h;
+          EXPECT_TRUE(seen.insert({n, h}).second) << "slot " << slot << " repeats " << n << ", " << h;
+          const int group = group_tiles > 0 ? n / group_tiles : 0;
+          EXPECT_GE(group, previous_group) << "groups launch in turn, slot " << slot;
+          if (group != previous_group) last_tile_of_head.clear();
+          previous_group = group;
+          const auto it = last_tile_of_head.find(h);
+          if (it != last_tile_of_head.end()) EXPECT_LT(n, it->second) << "a head's key tiles descend in a group";
+          last_tile_of_head[h] = n;
+        }
+      }
 }
 
 TEST(BwdItemOrder, RotationRemovesTheChainWithoutAMask) {
@@ -184,8 +230,8 @@ TEST(BwdItemOrder, RotationRemovesTheChainWithoutAMask) {
     plain.push_back(walk<64, 128>(shape, n, true, false));
     rotated.push_back(walk<64, 128>(shape, n, true, true));
   }
-  EXPECT_GT(simulate(plain, 8), 0);
-  EXPECT_EQ(simulate(rotated, 8), 0);
+  EXPECT_GT(simulate(plain, 8, 0), 0);
+  EXPECT_EQ(simulate(rotated, 8, 0), 0);
 }
 
 }  // namespace

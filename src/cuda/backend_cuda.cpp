@@ -300,27 +300,46 @@ int head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 }
 
 namespace {
-// The sm90 deterministic backward without a mask starts each key tile's CTA
-// at its own query tile and needs two dQ copies (sm90/bwd_kernel.cuh,
-// BwdItems). On the H200 that order ran 1.07-1.24x the plain descending one
+// The sm90 deterministic backward's dQ copies (sm90/bwd_items.hpp, BwdItems).
+// Without a mask it starts each key tile's CTA at its own query tile and needs
+// two copies: on the H200 that order ran 1.07-1.24x the plain descending one
 // with 8-32 key tiles (session 7) and 1.00-1.03x with 128-256 (session 8;
-// BENCHMARKS.md). The kernel's products (M + 1) C of query and key tiles stay
-// in 32 bits.
-int deterministic_dq_copies(const BwdParams& params, bool sm90, int head_dim_class_value) {
-  if (!sm90 || !params.deterministic || params.window_left >= 0 || params.window_right >= 0) return 1;
+// BENCHMARKS.md); the kernel's products (M + 1) C of query and key tiles stay
+// in 32 bits. Under a causal mask (no left window: the first key tiles see the
+// most queries) the key tiles form up to kMaxDqCopies groups, one copy each,
+// launched longest group first.
+void set_deterministic_dq_order(BwdWorkspace& layout, const BwdParams& params, bool sm90, int head_dim_class_value) {
+  layout.dq_copies = 1;
+  layout.key_group_tiles = 0;
+  if (!sm90 || !params.deterministic) return;
   const int64_t block_n = sm90_bwd_block_n(head_dim_class_value);
   const int64_t key_tiles = (params.seqlen_k + block_n - 1) / block_n;
   const int64_t query_tiles = (params.seqlen_q + kSm90BwdBlockM - 1) / kSm90BwdBlockM;
-  return (query_tiles + 1) * key_tiles < (int64_t(1) << 31) ? 2 : 1;
+  const bool dense = params.window_left < 0 && params.window_right < 0;
+  if (dense) {
+    layout.dq_copies = (query_tiles + 1) * key_tiles < (int64_t(1) << 31) ? 2 : 1;
+  } else if (params.window_left < 0 && key_tiles > 1) {
+#ifndef FLASHATTN_DEV_DET_KEY_GROUPS
+#define FLASHATTN_DEV_DET_KEY_GROUPS kMaxDqCopies
+#endif
+    const int64_t groups = FLASHATTN_DEV_DET_KEY_GROUPS;
+    const int64_t group_tiles = (key_tiles + groups - 1) / groups;
+    layout.key_group_tiles = static_cast<int>(group_tiles);
+    layout.dq_copies = static_cast<int>((key_tiles + group_tiles - 1) / group_tiles);
+  }
 }
 }  // namespace
 
 BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_value, bool sm90) {
   BwdWorkspace layout;
-  layout.dq_copies = deterministic_dq_copies(params, sm90, head_dim_class_value);
+  set_deterministic_dq_order(layout, params, sm90, head_dim_class_value);
   const int64_t group = params.heads / params.heads_kv;
   const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float) * layout.dq_copies;
-  int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
+  // Deterministic copies beyond two get a budget of their own, so that the
+  // benchmark's 16k tokens x 16 heads stay one launch (more passes would each
+  // end in a tail of their own).
+  const size_t budget = kDqAccumBudgetBytes * std::max(1, layout.dq_copies / 2);
+  int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(budget / bytes_per_head);
   heads = std::max<int64_t>(group, heads / group * group);
   layout.heads_per_pass = static_cast<int>(std::min<int64_t>(heads, params.heads));
   // Semaphores for the smaller query tile of the two backward families.

@@ -22,9 +22,12 @@ namespace flashattn::cuda {
 struct fp16_tag {};
 struct bf16_tag {};
 
-// Deterministic backward: semaphores per query tile, one per dQ copy and
-// consumer warpgroup of the sm90 kernels (the sm80 kernel needs one).
-constexpr int kSemaphoresPerQueryTile = 4;
+// Deterministic backward: the most dQ copies (sm90/bwd_items.hpp: 2 in the
+// rotated order, one per key-tile group under a mask), and semaphores per
+// query tile, one per dQ copy and consumer warpgroup of the sm90 kernels (the
+// sm80 kernel needs one).
+constexpr int kMaxDqCopies = 4;
+constexpr int kSemaphoresPerQueryTile = 2 * kMaxDqCopies;
 
 // Layout of the backward workspace (byte offsets; sizes exact).
 struct BwdWorkspace {
@@ -34,7 +37,10 @@ struct BwdWorkspace {
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   size_t total = 0;
   int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
-  int dq_copies = 1;  // 2: the sm90 deterministic backward without a mask (BwdItems)
+  // The sm90 deterministic backward's dQ copies (BwdItems): 2 without a mask
+  // (rotated order), one per group of key_group_tiles key tiles under a causal mask.
+  int dq_copies = 1;
+  int key_group_tiles = 0;
 };
 
 // What every CUDA entry point checks first: fp16 or bf16, compiled into this

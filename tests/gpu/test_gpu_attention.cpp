@@ -211,6 +211,24 @@ std::vector<Case> determinism_gpu_cases() {
   c.dtype = FA_DTYPE_FP16;
   c.B = 1, c.H = 2, c.Hkv = 1, c.Sq = 130, c.Sk = 3000, c.D = 64, c.Dv = 64;
   cases.push_back(c);
+  // Under a causal mask the sm90 kernels split the key tiles into up to four
+  // groups, each adding into a dQ copy of its own: varlen with an empty
+  // sequence and top-left alignment at class 64, and class 256 (64-key tiles).
+  c = Case{};
+  c.name = "fp16_long_varlen_topleft_causal_det";
+  c.dtype = FA_DTYPE_FP16;
+  c.H = 4, c.Hkv = 1, c.D = 64, c.Dv = 64;
+  c.seqlens_q = {700, 0, 1500}, c.seqlens_k = {900, 0, 1300};
+  c.B = 3, c.Sq = 1500, c.Sk = 1300;
+  c.causal = true;
+  c.align = FA_ALIGN_TOP_LEFT;
+  cases.push_back(c);
+  c = Case{};
+  c.name = "bf16_long_causal_det_d256";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 1, c.H = 2, c.Hkv = 2, c.Sq = 1100, c.Sk = 1100, c.D = 256, c.Dv = 256;
+  c.causal = true;
+  cases.push_back(c);
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Cases, GpuDeterminism, ::testing::ValuesIn(determinism_gpu_cases()), param_name);

@@ -45,8 +45,10 @@ struct BwdPass {
   const float* delta = nullptr;  // (H, total_q)
   int* semaphores = nullptr;     // (B, heads_per_pass, m_blocks, kSemaphoresPerQueryTile)
   int head_begin = 0, heads_per_pass = 0, m_blocks = 0;
-  // 2: the sm90 deterministic backward's rotated order (sm90/bwd_kernel.cuh, BwdItems)
-  int dq_copies = 1;
+  // The sm90 deterministic backward's dQ copies and key tiles per copy
+  // (sm90/bwd_items.hpp, BwdItems): 2 copies and 0 in the rotated order, up
+  // to kMaxDqCopies groups under a causal mask.
+  int dq_copies = 1, key_group_tiles = 0;
   int64_t dq_copy_floats = 0;  // total_q * heads_per_pass * kHeadDim
   // The sm90 deterministic backward's first adder of a query tile stores (the
   // accumulator is not zeroed; the convert pass reads a copy only where
@@ -116,7 +118,7 @@ __device__ __forceinline__ const int* dq_row_semaphores(const BwdParams& params,
 }
 
 // dQ[r, h, :] = scale * sum over the copies c of dq_accum[c, r, h - head_begin, :]
-// (copy 0 first), 8 columns per thread.
+// (in copy order), 8 columns per thread.
 template <typename T, int kHeadDim>
 __global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const BwdPass pass) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / (kHeadDim / 8)) + threadIdx.x / (kHeadDim / 8);
@@ -128,15 +130,11 @@ __global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, 
   // With first-adder stores a copy that no key tile reached holds no value.
   const int* reached = pass.dq_first_store ? dq_row_semaphores(params, pass, r, hp) : nullptr;
   auto holds = [&](int copy) { return !pass.dq_first_store || (reached != nullptr && reached[2 * copy] != 0); };
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 lo = zero, hi = zero;
-  if (holds(0)) {
-    lo = *reinterpret_cast<const float4*>(src);
-    hi = *reinterpret_cast<const float4*>(src + 4);
-  }
-  if (pass.dq_copies == 2 && holds(1)) {
-    const float4 lo1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats);
-    const float4 hi1 = *reinterpret_cast<const float4*>(src + pass.dq_copy_floats + 4);
+  float4 lo = make_float4(0.0f, 0.0f, 0.0f, 0.0f), hi = lo;
+  for (int copy = 0; copy < pass.dq_copies; ++copy) {
+    if (!holds(copy)) continue;
+    const float4 lo1 = *reinterpret_cast<const float4*>(src + copy * pass.dq_copy_floats);
+    const float4 hi1 = *reinterpret_cast<const float4*>(src + copy * pass.dq_copy_floats + 4);
     lo = make_float4(lo.x + lo1.x, lo.y + lo1.y, lo.z + lo1.z, lo.w + lo1.w);
     hi = make_float4(hi.x + hi1.x, hi.y + hi1.y, hi.z + hi1.z, hi.w + hi1.w);
   }

@@ -65,6 +65,7 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
   pass.heads_per_pass = layout.heads_per_pass;
   pass.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
   pass.dq_copies = layout.dq_copies;
+  pass.key_group_tiles = layout.key_group_tiles;
   pass.dq_copy_floats = int64_t(params.total_q) * layout.heads_per_pass * kHeadDim;
   pass.dq_first_store = dq_first_store && pass.semaphores != nullptr;
   pass.block_m = block_m;

@@ -29,7 +29,7 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 //
 // Deterministic mode adds the dQ of a query tile in a fixed key-tile order,
 // descending, with query tiles ascending in each CTA and the CTAs of the last
-// key tiles launched first (bwd_key_tile). Every wait is then on a CTA that
+// key tiles launched first (deterministic_launch_slot). Every wait is then on a CTA that
 // started earlier, so none can wait on one that is not resident, and under a
 // causal mask a CTA's first query tile is the diagonal one, where it comes
 // first: the CTAs of one head hand over without waiting for each other. The
@@ -44,15 +44,26 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 // side by side, reach a query tile, so a hand-off rarely waits, and every
 // wait is still on a CTA that started earlier. The convert pass sums the
 // copies in a fixed order.
+//
+// Under a causal mask the descending order launches a head's longest CTAs
+// (its first key tiles) last, and they set the end of the launch: about 7 % of
+// the ideal at 16k tokens (dev/det_launch_sim.py). There (key_group_tiles > 0)
+// the key tiles form groups of key_group_tiles, group g adding into dQ copy g
+// in descending key-tile order of its own, and the groups launch in turn,
+// the first (longest) one first (deterministic_launch_slot): the last CTAs
+// launched are then the short ones of the last group, and every wait is still
+// on a CTA launched earlier.
 template <int kBlockM, int kBlockN>
 struct BwdItems {
   int shift, window_left, window_right, len_q, len_k;
   int n_block, m_blocks, h_end, first_query_tile;
+  int key_group, key_group_end;  // n_block's group and the key tile past it
   bool rotated;
 
   // rotated: pass.dq_copies == 2, which the host sets only where (M + 1) C
-  // stays below 2^31.
-  FA_HOST_DEVICE static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated) {
+  // stays below 2^31. key_group_tiles: pass.key_group_tiles (0: one group).
+  FA_HOST_DEVICE static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated,
+                                      int key_group_tiles) {
     BwdItems items;
     items.shift = static_cast<int>(mask.shift);
     items.window_left = static_cast<int>(mask.window_left);
@@ -64,6 +75,8 @@ struct BwdItems {
     items.h_end = h_end;
     items.rotated = rotated;
     items.first_query_tile = rotated ? n_block * items.m_blocks / items.key_tiles() : 0;
+    items.key_group = key_group_tiles > 0 ? n_block / key_group_tiles : 0;
+    items.key_group_end = key_group_tiles > 0 ? (items.key_group + 1) * key_group_tiles : items.key_tiles();
     return items;
   }
   FA_HOST_DEVICE int key_tiles() const { return (len_k + kBlockN - 1) / kBlockN; }
@@ -104,9 +117,11 @@ struct BwdItems {
   }
   // Deterministic mode: the dQ copy that query tile m_block adds into, and
   // this CTA's place in that copy's order (how many key tiles add before it).
-  FA_HOST_DEVICE int dq_copy(int m_block) const { return m_block < first_query_tile ? 1 : 0; }
+  FA_HOST_DEVICE int dq_copy(int m_block) const {
+    return rotated ? (m_block < first_query_tile ? 1 : 0) : key_group;
+  }
   FA_HOST_DEVICE int dq_rank(int m_block) const {
-    if (!rotated) return last_visiting_block(m_block) - n_block;
+    if (!rotated) return min(last_visiting_block(m_block), key_group_end - 1) - n_block;
     const int tiles = key_tiles();
     if (m_block < first_query_tile) return tiles - 1 - n_block;  // copy 1: the CTAs starting past m_block
     // Copy 0: the key tiles n with floor(n M / C) <= m_block, i.e. n < ceil((m_block + 1) C / M).
@@ -114,5 +129,25 @@ struct BwdItems {
     return starters - 1 - n_block;
   }
 };
+
+// A deterministic CTA's place in the grid: key tile and K/V head (in the pass).
+struct BwdLaunchSlot {
+  int n_block, kv_head;
+};
+
+// The deterministic mode's launch order. CTA number `slot` in launch order
+// (blockIdx.x + key_tiles * blockIdx.y: x varies fastest) of a grid of
+// key_tiles x kv_heads. Without groups (key_group_tiles == 0) the heads in
+// turn, each's key tiles descending. With groups the groups in turn (key
+// tiles [g S, g S + S), S = key_group_tiles), in each the heads in turn, each
+// head's key tiles of the group descending.
+FA_HOST_DEVICE BwdLaunchSlot deterministic_launch_slot(int slot, int key_tiles, int kv_heads,
+                                                       int key_group_tiles) {
+  if (key_group_tiles <= 0) return {key_tiles - 1 - slot % key_tiles, slot / key_tiles};
+  const int full_group_slots = key_group_tiles * kv_heads;
+  const int group = slot / full_group_slots, first = group * key_group_tiles;
+  const int size = min(key_group_tiles, key_tiles - first), in_group = slot - group * full_group_slots;
+  return {first + size - 1 - in_group % size, in_group / size};
+}
 
 }  // namespace flashattn::sm90

@@ -78,10 +78,12 @@ struct BwdBarriers {
   uint64_t q_full[2], q_empty[2];
 };
 
-// The key tile of this CTA: in deterministic mode the last ones launch first (BwdItems).
+// The key tile and K/V head (in the pass) of this CTA; deterministic mode
+// launches them in its own order (deterministic_launch_slot).
 template <bool kDeterministic>
-__device__ __forceinline__ int bwd_key_tile() {
-  return kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+__device__ __forceinline__ BwdLaunchSlot bwd_launch_slot(const sm80::BwdPass& pass) {
+  if (!kDeterministic) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+  return deterministic_launch_slot(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, pass.key_group_tiles);
 }
 
 __device__ __forceinline__ void expect_bytes(uint64_t* barrier, uint32_t bytes) {
@@ -106,8 +108,9 @@ struct BwdTileWork {
     work.h_first = work.h_kv * group;
     work.mask = MaskPolicy::make(work.seq.len_q, work.seq.len_k, params.align_bottom_right, params.window_left,
                                  params.window_right);
-    work.items =
-        BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group, pass.dq_copies == 2);
+    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(
+        work.mask, n_block, work.h_first + group, pass.dq_copies == 2 && pass.key_group_tiles == 0,
+        pass.key_group_tiles);
     return work;
   }
 };
@@ -119,8 +122,10 @@ template <class Traits, bool kAscending>
 __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* smem) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BwdParams& params = args.params;
-  const int b = blockIdx.z, n_block = bwd_key_tile<kAscending>();
-  const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, blockIdx.y);
+  const int b = blockIdx.z;
+  const BwdLaunchSlot slot = bwd_launch_slot<kAscending>(args.pass);
+  const int n_block = slot.n_block;
+  const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   int h = work.h_first, m_block = work.items.template m_start<kAscending>();
   if (!work.items.template next<kAscending>(h, m_block)) return;  // no item: the consumers wait for nothing either
@@ -168,7 +173,8 @@ template <class Traits>
 __device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int wg) {
   const sm80::BwdPass& pass = args.pass;
   const int b = blockIdx.z;
-  const auto work = BwdTileWork<Traits>::make(args.params, pass, b, bwd_key_tile<true>(), blockIdx.y);
+  const BwdLaunchSlot slot = bwd_launch_slot<true>(pass);
+  const auto work = BwdTileWork<Traits>::make(args.params, pass, b, slot.n_block, slot.kv_head);
   int h = work.h_first, m_block = work.items.template m_start<true>();
   bool more = work.items.template next<true>(h, m_block);
   while (more) {
@@ -365,12 +371,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   uint8_t* sDs = smem + Traits::kOffsetDs;
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const int n_block = bwd_key_tile<kDeterministic>(), b = blockIdx.z, tid = threadIdx.x;
+  const BwdLaunchSlot slot = bwd_launch_slot<kDeterministic>(pass);
+  const int n_block = slot.n_block, b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
   if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;
   const int warpgroup = tid / 128;
 
-  const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
+  const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   const MaskPolicy& mask = work.mask;
   const auto& items = work.items;

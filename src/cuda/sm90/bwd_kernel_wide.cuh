@@ -60,11 +60,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const int n_block = bwd_key_tile<kDeterministic>(), b = blockIdx.z, tid = threadIdx.x;
+  const BwdLaunchSlot slot = bwd_launch_slot<kDeterministic>(pass);
+  const int n_block = slot.n_block, b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
   if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;
 
-  const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, blockIdx.y);
+  const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   const MaskPolicy& mask = work.mask;
   const auto& items = work.items;
