@@ -40,8 +40,8 @@ def report(label, heads, key_tiles, query_tiles, tiles_per_key_tile, sms=132):
         "deterministic: heads in turn, key tiles descending": [
             (h, n) for h in range(heads) for n in reversed(range(key_tiles))],
         "deterministic, heads interleaved": [(h, n) for n in reversed(range(key_tiles)) for h in range(heads)],
-        "deterministic, 2 key-tile groups (2 dQ copies)": grouped_order(heads, key_tiles, 2),
-        "deterministic, 4 key-tile groups (the kernel's)": grouped_order(heads, key_tiles, 4),
+        "deterministic, 2 key-tile groups (the kernel's)": grouped_order(heads, key_tiles, 2),
+        "deterministic, 4 key-tile groups": grouped_order(heads, key_tiles, 4),
     }
     print(f"{label}: ideal {ideal:.0f} items per SM")
     for name, order in orders.items():

@@ -180,11 +180,11 @@ TEST(BwdItemOrder, EveryShapeAndTile) {
       check_shape<128, 128>(shape, true);
       check_shape<64, 64>(shape, true);
     } else {
-      // The host's groups (up to 4 copies), and the extremes: one key tile per
+      // The host's two groups, four, and the extremes: one key tile per
       // group, and two.
       for (int block_n : {128, 64}) {
         const int n_blocks = (shape.len_k + block_n - 1) / block_n;
-        for (int group_tiles : {(n_blocks + 3) / 4, 1, 2}) {
+        for (int group_tiles : {(n_blocks + 1) / 2, (n_blocks + 3) / 4, 1, 2}) {
           if (block_n == 128) {
             check_shape<64, 128>(shape, false, group_tiles);
             check_shape<128, 128>(shape, false, group_tiles);

@@ -306,8 +306,10 @@ namespace {
 // with 8-32 key tiles (session 7) and 1.00-1.03x with 128-256 (session 8;
 // BENCHMARKS.md); the kernel's products (M + 1) C of query and key tiles stay
 // in 32 bits. Under a causal mask (no left window: the first key tiles see the
-// most queries) the key tiles form up to kMaxDqCopies groups, one copy each,
-// launched longest group first.
+// most queries) the key tiles form kMaxDqCopies = 2 groups, one copy each,
+// launched longest group first. Against one group (the order before), two ran
+// 1.01-1.03x at 4k and 16k causal and 1.00 at 1k; four ran the same at 4k and
+// 16k and 0.99 at 1k for twice the memory (H200, session 10, BENCHMARKS.md).
 void set_deterministic_dq_order(BwdWorkspace& layout, const BwdParams& params, bool sm90, int head_dim_class_value) {
   layout.dq_copies = 1;
   layout.key_group_tiles = 0;
@@ -319,11 +321,7 @@ void set_deterministic_dq_order(BwdWorkspace& layout, const BwdParams& params, b
   if (dense) {
     layout.dq_copies = (query_tiles + 1) * key_tiles < (int64_t(1) << 31) ? 2 : 1;
   } else if (params.window_left < 0 && key_tiles > 1) {
-#ifndef FLASHATTN_DEV_DET_KEY_GROUPS
-#define FLASHATTN_DEV_DET_KEY_GROUPS kMaxDqCopies
-#endif
-    const int64_t groups = FLASHATTN_DEV_DET_KEY_GROUPS;
-    const int64_t group_tiles = (key_tiles + groups - 1) / groups;
+    const int64_t group_tiles = (key_tiles + kMaxDqCopies - 1) / kMaxDqCopies;
     layout.key_group_tiles = static_cast<int>(group_tiles);
     layout.dq_copies = static_cast<int>((key_tiles + group_tiles - 1) / group_tiles);
   }
@@ -335,11 +333,7 @@ BwdWorkspace bwd_workspace_layout(const BwdParams& params, int head_dim_class_va
   set_deterministic_dq_order(layout, params, sm90, head_dim_class_value);
   const int64_t group = params.heads / params.heads_kv;
   const size_t bytes_per_head = size_t(params.total_q) * head_dim_class_value * sizeof(float) * layout.dq_copies;
-  // Deterministic copies beyond two get a budget of their own, so that the
-  // benchmark's 16k tokens x 16 heads stay one launch (more passes would each
-  // end in a tail of their own).
-  const size_t budget = kDqAccumBudgetBytes * std::max(1, layout.dq_copies / 2);
-  int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(budget / bytes_per_head);
+  int64_t heads = bytes_per_head == 0 ? params.heads : int64_t(kDqAccumBudgetBytes / bytes_per_head);
   heads = std::max<int64_t>(group, heads / group * group);
   layout.heads_per_pass = static_cast<int>(std::min<int64_t>(heads, params.heads));
   // Semaphores for the smaller query tile of the two backward families.

@@ -23,10 +23,10 @@ struct fp16_tag {};
 struct bf16_tag {};
 
 // Deterministic backward: the most dQ copies (sm90/bwd_items.hpp: 2 in the
-// rotated order, one per key-tile group under a mask), and semaphores per
-// query tile, one per dQ copy and consumer warpgroup of the sm90 kernels (the
-// sm80 kernel needs one).
-constexpr int kMaxDqCopies = 4;
+// rotated order without a mask, one per key-tile group under a causal mask),
+// and semaphores per query tile, one per dQ copy and consumer warpgroup of the
+// sm90 kernels (the sm80 kernel needs one).
+constexpr int kMaxDqCopies = 2;
 constexpr int kSemaphoresPerQueryTile = 2 * kMaxDqCopies;
 
 // Layout of the backward workspace (byte offsets; sizes exact).
@@ -38,7 +38,7 @@ struct BwdWorkspace {
   size_t total = 0;
   int heads_per_pass = 0;  // query heads whose dQ is accumulated per pass (a multiple of H / Hkv)
   // The sm90 deterministic backward's dQ copies (BwdItems): 2 without a mask
-  // (rotated order), one per group of key_group_tiles key tiles under a causal mask.
+  // (rotated order), one per group of key_group_tiles key tiles under a causal mask (2 groups).
   int dq_copies = 1;
   int key_group_tiles = 0;
 };

@@ -211,7 +211,7 @@ std::vector<Case> determinism_gpu_cases() {
   c.dtype = FA_DTYPE_FP16;
   c.B = 1, c.H = 2, c.Hkv = 1, c.Sq = 130, c.Sk = 3000, c.D = 64, c.Dv = 64;
   cases.push_back(c);
-  // Under a causal mask the sm90 kernels split the key tiles into up to four
+  // Under a causal mask the sm90 kernels split the key tiles into two
   // groups, each adding into a dQ copy of its own: varlen with an empty
   // sequence and top-left alignment at class 64, and class 256 (64-key tiles).
   c = Case{};

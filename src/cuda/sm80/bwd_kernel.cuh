@@ -47,7 +47,7 @@ struct BwdPass {
   int head_begin = 0, heads_per_pass = 0, m_blocks = 0;
   // The sm90 deterministic backward's dQ copies and key tiles per copy
   // (sm90/bwd_items.hpp, BwdItems): 2 copies and 0 in the rotated order, up
-  // to kMaxDqCopies groups under a causal mask.
+  // to kMaxDqCopies groups of key tiles under a causal mask.
   int dq_copies = 1, key_group_tiles = 0;
   int64_t dq_copy_floats = 0;  // total_q * heads_per_pass * kHeadDim
   // The sm90 deterministic backward's first adder of a query tile stores (the
