@@ -66,9 +66,10 @@ bool tile_visible(const MaskPolicy& mask, int m_block, int n_block) {
 }
 
 // Runs the deterministic hand-off: CTAs (indexed by key tile) launch in the
-// order of deterministic_launch_slot for one K/V head, at most `resident` at a time (a finished one frees its place for the next);
-// in each step every resident CTA adds its next item if the semaphore of its
-// (head, query tile, copy) has reached its rank. A release is seen from the
+// order of deterministic_launch_slot for one K/V head, at most `resident` at
+// a time (a finished one frees its place for the next); in each step every
+// resident CTA adds its next item if the semaphore of its (head, query tile,
+// copy) has reached its rank. A release is seen from the
 // next step on, as the kernel's releases land during the next item. Returns
 // the number of waits (a CTA that could not add), or -1 when no CTA can move
 // (a deadlock).

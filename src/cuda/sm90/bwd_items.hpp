@@ -29,11 +29,11 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 //
 // Deterministic mode adds the dQ of a query tile in a fixed key-tile order,
 // descending, with query tiles ascending in each CTA and the CTAs of the last
-// key tiles launched first (deterministic_launch_slot). Every wait is then on a CTA that
-// started earlier, so none can wait on one that is not resident, and under a
-// causal mask a CTA's first query tile is the diagonal one, where it comes
-// first: the CTAs of one head hand over without waiting for each other. The
-// default mode keeps query tiles descending (no order among the adds).
+// key tiles launched first (deterministic_launch_slot). Every wait is then on
+// a CTA that started earlier, so none can wait on one that is not resident,
+// and under a causal mask a CTA's first query tile is the diagonal one, where
+// it comes first: the CTAs of one head hand over without waiting for each
+// other. The default mode keeps query tiles descending (no order among the adds).
 //
 // Without a mask every CTA would start at query tile 0 and each would wait
 // for the one before: a chain of hand-offs as long as the key tiles. There

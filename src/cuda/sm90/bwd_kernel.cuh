@@ -78,12 +78,26 @@ struct BwdBarriers {
   uint64_t q_full[2], q_empty[2];
 };
 
+// The deterministic order's key tiles per dQ copy (BwdItems). The host groups
+// key tiles only under a mask, so the dense kernels know at compile time that
+// there are no groups and keep the code (and the 24-register roles' spills) of
+// the order without them.
+template <class Traits>
+__device__ __forceinline__ int key_group_tiles(const sm80::BwdPass& pass) {
+  return Traits::kMaskDiagonal ? pass.key_group_tiles : 0;
+}
+
 // The key tile and K/V head (in the pass) of this CTA; deterministic mode
-// launches them in its own order (deterministic_launch_slot).
-template <bool kDeterministic>
+// launches them in its own order (deterministic_launch_slot). Without key-tile
+// groups that order needs no division: the indices stay plain block indices,
+// which the 24-register producer and releaser read again instead of keeping
+// them live.
+template <class Traits, bool kDeterministic>
 __device__ __forceinline__ BwdLaunchSlot bwd_launch_slot(const sm80::BwdPass& pass) {
   if (!kDeterministic) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
-  return deterministic_launch_slot(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, pass.key_group_tiles);
+  const int group_tiles = key_group_tiles<Traits>(pass);
+  if (group_tiles == 0) return {static_cast<int>(gridDim.x - 1 - blockIdx.x), static_cast<int>(blockIdx.y)};
+  return deterministic_launch_slot(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, group_tiles);
 }
 
 __device__ __forceinline__ void expect_bytes(uint64_t* barrier, uint32_t bytes) {
@@ -108,9 +122,9 @@ struct BwdTileWork {
     work.h_first = work.h_kv * group;
     work.mask = MaskPolicy::make(work.seq.len_q, work.seq.len_k, params.align_bottom_right, params.window_left,
                                  params.window_right);
-    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(
-        work.mask, n_block, work.h_first + group, pass.dq_copies == 2 && pass.key_group_tiles == 0,
-        pass.key_group_tiles);
+    const int group_tiles = key_group_tiles<Traits>(pass);
+    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group,
+                                                                  pass.dq_copies == 2 && group_tiles == 0, group_tiles);
     return work;
   }
 };
@@ -123,7 +137,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BwdParams& params = args.params;
   const int b = blockIdx.z;
-  const BwdLaunchSlot slot = bwd_launch_slot<kAscending>(args.pass);
+  const BwdLaunchSlot slot = bwd_launch_slot<Traits, kAscending>(args.pass);
   const int n_block = slot.n_block;
   const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
@@ -173,7 +187,7 @@ template <class Traits>
 __device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int wg) {
   const sm80::BwdPass& pass = args.pass;
   const int b = blockIdx.z;
-  const BwdLaunchSlot slot = bwd_launch_slot<true>(pass);
+  const BwdLaunchSlot slot = bwd_launch_slot<Traits, true>(pass);
   const auto work = BwdTileWork<Traits>::make(args.params, pass, b, slot.n_block, slot.kv_head);
   int h = work.h_first, m_block = work.items.template m_start<true>();
   bool more = work.items.template next<true>(h, m_block);
@@ -371,7 +385,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   uint8_t* sDs = smem + Traits::kOffsetDs;
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const BwdLaunchSlot slot = bwd_launch_slot<kDeterministic>(pass);
+  const BwdLaunchSlot slot = bwd_launch_slot<Traits, kDeterministic>(pass);
   const int n_block = slot.n_block, b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
   if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;

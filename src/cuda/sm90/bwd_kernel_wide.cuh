@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
 
-  const BwdLaunchSlot slot = bwd_launch_slot<kDeterministic>(pass);
+  const BwdLaunchSlot slot = bwd_launch_slot<Traits, kDeterministic>(pass);
   const int n_block = slot.n_block, b = blockIdx.z, tid = threadIdx.x;
   if (n_block * kBlockN >= sequence_bounds(params, b).len_k) return;  // before any barrier exists
   if (!start_bwd_cta<Traits, kDeterministic>(args, smem)) return;
