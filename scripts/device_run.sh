@@ -53,7 +53,8 @@ if has_stage build; then
   lib_ms=$(( ($(date +%s%N) - start) / 1000000 ))
   note "== libflashattn (all CUDA kernels, sm_80 + sm_90a, -j$JOBS): $((lib_ms / 1000)).$(( (lib_ms % 1000) / 100 )) s"
   test_targets=(test_gpu)
-  ninja -C build -t targets all | grep -q '^test_gpu_sm90:' && test_targets+=(test_gpu_sm90)
+  # grep -q over a pipe would end ninja early (SIGPIPE), which pipefail reads as a failure.
+  grep -q '^test_gpu_sm90:' <(ninja -C build -t targets all) && test_targets+=(test_gpu_sm90)
   ninja -C build -j "$JOBS" "${test_targets[@]}" >>"$OUT/build.log" 2>&1 ||
     { note "test build FAILED"; grep -m20 -A5 error "$OUT/build.log"; exit 1; }
 fi
