@@ -200,16 +200,18 @@ fi
 
 # Nsight Compute on the backward kernel (hdim 128, 16k, bf16): warp stall reasons, pipe use,
 # shared-memory traffic; the report lands in the packed logs. FA_PROFILE_VARIANTS: profile_bwd.py flag
-# sets, separated by commas (default ",--causal": the default order, then causal).
+# sets, separated by commas (default ",--causal": the default order, then causal); FA_PROFILE_KERNEL:
+# the kernel-name regex (default bwd_kernel; fwd_kernel profiles the forward of the same calls).
 if has_stage profile; then
+  kernel=${FA_PROFILE_KERNEL:-bwd_kernel}
   IFS=, read -ra profile_variants <<<"${FA_PROFILE_VARIANTS:-,--causal}"
   for variant in "${profile_variants[@]}"; do
-    timeout "${FA_PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:bwd_kernel --launch-skip 1 \
+    timeout "${FA_PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
       env FLASHATTN_LIB=$PWD/build/libflashattn.so python3 bench/gpu/profile_bwd.py --dim 128 $variant \
-      >"$OUT/ncu_bwd128${variant//[- ]/_}.txt" 2>&1
-    note "== ncu bwd hdim128 16k $variant: exit $?, $(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_bwd128${variant//[- ]/_}.txt" | tr -s ' ')"
+      >"$OUT/ncu_${kernel}${variant//[- ]/_}.txt" 2>&1
+    note "== ncu $kernel hdim128 $variant: exit $?, $(grep -m1 -E 'Duration' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' '),$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' ')"
   done
 fi
 
