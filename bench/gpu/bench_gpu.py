@@ -462,6 +462,9 @@ def main():
                 bwd += f" ({other} {r['ours_bwd_' + other]:.0f})"
         if "ours_fwd_tile" in r:
             bwd += f" (tile {r['ours_fwd_tile']:.0f}, persistent {r['ours_fwd_persistent']:.0f})"
+        for name in VARIANTS:  # FA_BENCH_SCHEDULES / FA_BENCH_ENV_VARIANTS: TFLOP/s and ratio to the default
+            if name != "ours" and isinstance(r.get(name), float) and r.get("ours"):
+                bwd += f" ({name[5:]} {r[name]:.0f} {r[name] / r['ours']:.2f}x)"
         print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {fmt(r['ours'])} "
               f"{fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio:.2f} | {det} | {bwd} | {r['max_diff_vs_fa2']:.1e} "
               f"{r['max_grad_diff_vs_fa2']:.1e}")

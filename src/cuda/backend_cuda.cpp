@@ -235,18 +235,19 @@ bool sm90_forward_persistent(const FwdParams& params) {
   return kSm90PersistentByDefault;
 }
 
-// Consumer warpgroups of the hdim-64 sm90 forward, measured on the H200
-// (BENCHMARKS.md, session 6 runs 2 and final, round-robin timing): without a
-// diagonal mask three (192-row tiles, as FA3): +8-27 % over two at every N,
-// the softmax of one warpgroup overlapping the GEMMs of two; with one, one
-// (64-row tiles, two CTAs per SM): +7-10 % over two at every N. Three under
-// a diagonal mask trail one at every N (0.71x of two at 1k; its diagonal
-// kernel spills 80 bytes).
-int sm90_forward_consumers(const FwdParams& params, bool mask_diagonal) {
+// Consumer warpgroups of the sm90 forward, measured on the H200 (BENCHMARKS.md,
+// session 6 runs 2 and final, round-robin timing). Hdim 64: without a diagonal
+// mask three (192-row tiles, as FA3): +8-27 % over two at every N, the softmax
+// of one warpgroup overlapping the GEMMs of two; with one, one (64-row tiles,
+// two CTAs per SM): +7-10 % over two at every N. Three under a diagonal mask
+// trail one at every N (0.71x of two at 1k; its diagonal kernel spills 80
+// bytes). Hdim 128: two; one (64 x 64 tiles, two CTAs per SM) on request.
+int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() != 0) return 2;
+  if (head_dim_class != 64 && head_dim_class != 128) return 2;
   const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");
-  int consumers = mask_diagonal ? 1 : 3;
-  if (forced != nullptr && std::strcmp(forced, "3") == 0) consumers = 3;
+  int consumers = head_dim_class == 128 ? 2 : mask_diagonal ? 1 : 3;
+  if (forced != nullptr && std::strcmp(forced, "3") == 0 && head_dim_class == 64) consumers = 3;
   if (forced != nullptr && std::strcmp(forced, "2") == 0) consumers = 2;
   if (forced != nullptr && std::strcmp(forced, "1") == 0) consumers = 1;
   return consumers == 1 && sm90_forward_persistent(params) ? 2 : consumers;

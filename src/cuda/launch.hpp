@@ -60,12 +60,14 @@ template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 // Its smallest query tile (rows per CTA tile): the host bounds tile numbers with it.
 constexpr int kSm90FwdBlockM = 64;
-// Consumer warpgroups of the sm90 forward at head-dim class 64: 2 (128-row
-// tiles), 3 (192-row tiles) or 1 (64-row tiles, two CTAs per SM, one tile per
-// CTA); FLASHATTN_SM90_FWD_CONSUMERS=1|2|3 picks per call, else the default:
-// 1 for the diagonal-mask kernels, 3 for the dense ones. Always 2 with softcap
-// / ALiBi or a schedule override, and 1 becomes 2 when the persistent kernel runs.
-int sm90_forward_consumers(const FwdParams& params, bool mask_diagonal);
+// Consumer warpgroups of the sm90 forward: 2 (128-row tiles), at head-dim
+// class 64 also 3 (192-row tiles) or 1 (64-row tiles, two CTAs per SM, one
+// tile per CTA), at class 128 also 1 (64-row, 64-key tiles, two CTAs per SM);
+// FLASHATTN_SM90_FWD_CONSUMERS=1|2|3 picks per call, else the default: at class
+// 64, 1 for the diagonal-mask kernels and 3 for the dense ones; 2 elsewhere.
+// Always 2 with softcap / ALiBi or a schedule override, and 1 becomes 2 when
+// the persistent kernel runs.
+int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mask_diagonal);
 // FLASHATTN_SM90_SCHEDULE=v1|v2|v3 as 1, 2, 3; 0 when unset or anything else.
 int sm90_schedule_override();
 // Whether the sm90 forward of params runs the persistent kernel

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "device_problem.hpp"
 #include "support/cases.hpp"
@@ -121,12 +122,23 @@ TEST_P(GpuForwardConsumers, ThreeMatchReference) {
   check_with("3", true);
 }
 
-std::vector<Case> head_dim_64_cases(std::vector<Case> cases) {
+// The cases of head-dim class 128 with one consumer warpgroup in the sm90
+// forward (64-row, 64-key tiles, two CTAs per SM; the default is two).
+class GpuForwardOneConsumer128 : public GpuForwardConsumers {};
+
+TEST_P(GpuForwardOneConsumer128, MatchesReference) {
+  FA_GPU_TEST_OR_SKIP();
+  check_with("1", false);
+}
+
+std::vector<Case> head_dim_cases(std::vector<Case> cases, int64_t above, int64_t up_to) {
   std::vector<Case> kept;
   for (const Case& c : cases)
-    if (c.D <= 64 && c.Dv <= 64) kept.push_back(c);
+    if (std::max(c.D, c.Dv) > above && std::max(c.D, c.Dv) <= up_to) kept.push_back(c);
   return kept;
 }
+
+std::vector<Case> head_dim_64_cases(std::vector<Case> cases) { return head_dim_cases(std::move(cases), 0, 64); }
 
 TEST_P(GpuBackward, MatchesReference) {
   FA_GPU_TEST_OR_SKIP();
@@ -164,6 +176,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardConsumers,
                          ::testing::ValuesIn(head_dim_64_cases(gpu_cases(fast_cases()))), param_name);
 INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardConsumers, ::testing::ValuesIn(head_dim_64_cases(many_tile_cases())),
                          param_name);
+INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardOneConsumer128,
+                         ::testing::ValuesIn(head_dim_cases(gpu_cases(fast_cases()), 64, 128)), param_name);
+INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardOneConsumer128,
+                         ::testing::ValuesIn(head_dim_cases(many_tile_cases(), 64, 128)), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 

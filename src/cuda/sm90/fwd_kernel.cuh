@@ -39,7 +39,8 @@ using sm80::SequenceBounds;
 // kConsumers_: consumer warpgroups of 64 query rows each. Two everywhere; at
 // hdim 64 also three (192-row tiles, FA3's choice there; 160 registers per
 // consumer thread still hold S, P and O of 128 keys) or one (64-row tiles,
-// two CTAs per SM, so one CTA's start and end overlap the other's GEMMs).
+// two CTAs per SM, so one CTA's start and end overlap the other's GEMMs); at
+// hdim 128 also one, with 64-key tiles so that two CTAs fit in shared memory.
 template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2>
 struct FwdTraits {
   using T = T_;
@@ -50,7 +51,7 @@ struct FwdTraits {
   // Registers per consumer thread: S is kBlockN / 2, O kHeadDim / 2, P
   // kBlockN / 4. 128 keys: 64 + 64 + 32 at hdim 128; hdim 256 takes 64 keys
   // (32 + 128 + 16) to stay inside the 240 registers setmaxnreg gives.
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim == 128 && kConsumers_ >= 2) ? 128 : 64;
   static constexpr int kColBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks per row
   static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // N of one P V instruction
   static constexpr int kOChunks = kHeadDim / kNO;
@@ -60,7 +61,8 @@ struct FwdTraits {
   static constexpr int kProducerRegisters = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegisters = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
   static_assert(kCtasPerSm * 128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "register file");
-  static_assert(kConsumers == 2 || kHeadDim == 64, "one or three consumers at hdim 64 only");
+  static_assert(kConsumers == 2 || kHeadDim == 64 || (kHeadDim == 128 && kConsumers == 1),
+                "three consumers at hdim 64 only, one at hdim 64 and 128");
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // (kBlockM, kHeadDim), later O
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // (kBlockN, kHeadDim)

@@ -127,9 +127,12 @@ template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using T = typename ElementOf<Tag>::type;
   if constexpr (kHeadDim == 64) {
-    const int consumers = sm90_forward_consumers(params, kMaskDiagonal);
+    const int consumers = sm90_forward_consumers(params, kHeadDim, kMaskDiagonal);
     if (consumers == 3) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 3>>(params, stream);
     if (consumers == 1) return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 1>>(params, stream);
+  } else if constexpr (kHeadDim == 128) {
+    if (sm90_forward_consumers(params, kHeadDim, kMaskDiagonal) == 1)
+      return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 1>>(params, stream);
   }
   return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 2>>(params, stream);
 }
