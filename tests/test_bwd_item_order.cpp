@@ -56,6 +56,21 @@ std::vector<Item> walk(const Shape& shape, int n_block, bool deterministic, bool
   return out;
 }
 
+// The same walk as the dense kernels take it (BwdItems' kEveryTileVisits: no
+// visibility test per query tile).
+template <int kBlockM, int kBlockN>
+std::vector<Item> walk_dense(const Shape& shape, int n_block, bool deterministic, bool rotated) {
+  const auto items = BwdItems<kBlockM, kBlockN>::make(shape.mask(), n_block, shape.group, rotated, 0);
+  std::vector<Item> out;
+  int h = 0;
+  int m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
+  while (deterministic ? items.template next<true, true>(h, m_block) : items.template next<false, true>(h, m_block)) {
+    out.push_back({h, m_block, items.dq_copy(m_block), items.template dq_rank<true>(m_block)});
+    if (out.size() > 1u << 20) break;
+  }
+  return out;
+}
+
 // Whether some query of tile m_block sees some key of tile n_block.
 template <int kBlockM, int kBlockN>
 bool tile_visible(const MaskPolicy& mask, int m_block, int n_block) {
@@ -195,6 +210,34 @@ TEST(BwdItemOrder, EveryShapeAndTile) {
         }
       }
     }
+  }
+}
+
+template <int kBlockM, int kBlockN>
+void expect_dense_walks_equal(const Shape& shape) {
+  const int key_tiles = (shape.len_k + kBlockN - 1) / kBlockN;
+  for (int n = 0; n < key_tiles; ++n)
+    for (bool deterministic : {false, true})
+      for (bool rotated : {false, true}) {
+        if (rotated && !deterministic) continue;
+        const auto generic = walk<kBlockM, kBlockN>(shape, n, deterministic, rotated);
+        const auto dense = walk_dense<kBlockM, kBlockN>(shape, n, deterministic, rotated);
+        ASSERT_EQ(generic.size(), dense.size()) << shape.name() << " key tile " << n;
+        for (size_t i = 0; i < generic.size(); ++i) {
+          EXPECT_EQ(generic[i].h, dense[i].h);
+          EXPECT_EQ(generic[i].m_block, dense[i].m_block);
+          EXPECT_EQ(generic[i].copy, dense[i].copy);
+          EXPECT_EQ(generic[i].rank, dense[i].rank) << shape.name() << " key tile " << n << " item " << i;
+        }
+      }
+}
+
+TEST(BwdItemOrder, DenseKernelsWalkTheSameItems) {
+  for (const Shape& shape : shapes()) {
+    if (!shape.dense()) continue;
+    expect_dense_walks_equal<64, 128>(shape);
+    expect_dense_walks_equal<128, 128>(shape);
+    expect_dense_walks_equal<64, 64>(shape);
   }
 }
 

@@ -123,7 +123,8 @@ TEST_P(GpuForwardConsumers, ThreeMatchReference) {
 }
 
 // The cases of head-dim class 128 with one consumer warpgroup in the sm90
-// forward (64-row, 64-key tiles, two CTAs per SM; the default is two).
+// forward (64-row, 64-key tiles, two CTAs per SM; the default under a
+// diagonal mask up to 1k queries, elsewhere two).
 class GpuForwardOneConsumer128 : public GpuForwardConsumers {};
 
 TEST_P(GpuForwardOneConsumer128, MatchesReference) {

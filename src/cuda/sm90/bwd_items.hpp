@@ -97,13 +97,16 @@ struct BwdItems {
   }
   // Start with h = the group's first head and m_block = m_start<kAscending>().
   // Ascending, the query tiles of a head run from first_query_tile around to
-  // the one before it.
-  template <bool kAscending>
+  // the one before it. kEveryTileVisits: the mask has no window (every query
+  // tile sees every key), which the dense kernels know at compile time; the
+  // visibility test then drops out of the loop, whose state the 24-register
+  // producer and releaser warps otherwise spill.
+  template <bool kAscending, bool kEveryTileVisits = false>
   FA_HOST_DEVICE bool next(int& h, int& m_block) const {
     if (m_blocks == 0) return false;
     if (kAscending && m_block < 0) {
       m_block = first_query_tile;
-      if (last_visiting_block(m_block) >= 0) return true;
+      if (kEveryTileVisits || last_visiting_block(m_block) >= 0) return true;
     }
     while (true) {
       m_block += kAscending ? 1 : -1;
@@ -112,7 +115,7 @@ struct BwdItems {
         if (!kAscending && ++h >= h_end) return false;
       }
       if (kAscending && m_block == first_query_tile && ++h >= h_end) return false;
-      if (last_visiting_block(m_block) >= 0) return true;
+      if (kEveryTileVisits || last_visiting_block(m_block) >= 0) return true;
     }
   }
   // Deterministic mode: the dQ copy that query tile m_block adds into, and
@@ -120,8 +123,10 @@ struct BwdItems {
   FA_HOST_DEVICE int dq_copy(int m_block) const {
     return rotated ? (m_block < first_query_tile ? 1 : 0) : key_group;
   }
+  template <bool kEveryTileVisits = false>
   FA_HOST_DEVICE int dq_rank(int m_block) const {
-    if (!rotated) return min(last_visiting_block(m_block), key_group_end - 1) - n_block;
+    if (!rotated)
+      return min(kEveryTileVisits ? key_tiles() - 1 : last_visiting_block(m_block), key_group_end - 1) - n_block;
     const int tiles = key_tiles();
     if (m_block < first_query_tile) return tiles - 1 - n_block;  // copy 1: the CTAs starting past m_block
     // Copy 0: the key tiles n with floor(n M / C) <= m_block, i.e. n < ceil((m_block + 1) C / M).

@@ -142,7 +142,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
   const auto work = BwdTileWork<Traits>::make(params, args.pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   int h = work.h_first, m_block = work.items.template m_start<kAscending>();
-  if (!work.items.template next<kAscending>(h, m_block)) return;  // no item: the consumers wait for nothing either
+  if (!work.items.template next<kAscending, !Traits::kMaskDiagonal>(h, m_block)) return;  // no item: the consumers wait for nothing either
   BwdBarriers* bars = reinterpret_cast<BwdBarriers*>(smem + Traits::kOffsetBarriers);
   const int batch = params.is_varlen ? 0 : b;
   expect_bytes(&bars->kv_full, 2 * Traits::kKVBytes);
@@ -168,7 +168,7 @@ __device__ __forceinline__ void produce_bwd(const BwdKernelArgs& args, uint8_t* 
       tma_load(do_stage + cb * kBlockM * 128, &args.tma_do, cb * 64, row, h, batch, &bars->q_full[stage]);
     }
     ++it;
-  } while (work.items.template next<kAscending>(h, m_block));
+  } while (work.items.template next<kAscending, !Traits::kMaskDiagonal>(h, m_block));
 }
 
 // Named barriers of the deterministic hand-off, per consumer warpgroup wg:
@@ -190,12 +190,12 @@ __device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int 
   const BwdLaunchSlot slot = bwd_launch_slot<Traits, true>(pass);
   const auto work = BwdTileWork<Traits>::make(args.params, pass, b, slot.n_block, slot.kv_head);
   int h = work.h_first, m_block = work.items.template m_start<true>();
-  bool more = work.items.template next<true>(h, m_block);
+  bool more = work.items.template next<true, !Traits::kMaskDiagonal>(h, m_block);
   while (more) {
     int* semaphore =
         sm80::dq_tile_semaphores(pass, b, h - pass.head_begin, m_block) + 2 * work.items.dq_copy(m_block) + wg;
-    const int value = work.items.dq_rank(m_block) + 1;
-    more = work.items.template next<true>(h, m_block);
+    const int value = work.items.template dq_rank<!Traits::kMaskDiagonal>(m_block) + 1;
+    more = work.items.template next<true, !Traits::kMaskDiagonal>(h, m_block);
     named_barrier_sync(kHandoffBarrier + wg, 160);
     if (more) named_barrier_arrive(kTakenBarrier + wg, 160);
     if (threadIdx.x % 32 == 0) sm80::store_release(semaphore, value);
@@ -316,13 +316,13 @@ struct DqTurn {
   int* semaphore;
   int rank, seen;
 
-  template <class Items>
+  template <bool kEveryTileVisits, class Items>
   __device__ __forceinline__ static DqTurn begin(const sm80::BwdPass& pass, const Items& items, int b, int h,
                                                  int m_block, int wg) {
     DqTurn turn;
     turn.semaphore =
         sm80::dq_tile_semaphores(pass, b, h - pass.head_begin, m_block) + 2 * items.dq_copy(m_block) + wg;
-    turn.rank = items.dq_rank(m_block);
+    turn.rank = items.template dq_rank<kEveryTileVisits>(m_block);
     turn.seen = threadIdx.x % 32 == 0 ? sm80::load_acquire(turn.semaphore) : 0;
     return turn;
   }
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   // 12-40 bytes in the default kernels and they ran about 3 % slower.
   const bool deterministic = pass.semaphores != nullptr;
   int h = work.h_first, m_block = items.template m_start<kDeterministic>();
-  const bool has_items = items.template next<kDeterministic>(h, m_block);
+  const bool has_items = items.template next<kDeterministic, !Traits::kMaskDiagonal>(h, m_block);
   const int wg = warpgroup - 1;  // consumer 0 or 1: keys [64 wg, 64 wg + 64) of the tile
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -543,9 +543,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                          kk > 0 ? 1 : 0);
     wgmma_commit();
     DqTurn turn;  // deterministic mode
-    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg);
+    if (deterministic) turn = DqTurn::begin<!Traits::kMaskDiagonal>(pass, items, b, h, m_block, wg);
     int next_h = h, next_m_block = m_block;
-    const bool has_next = items.template next<kDeterministic>(next_h, next_m_block);
+    const bool has_next = items.template next<kDeterministic, !Traits::kMaskDiagonal>(next_h, next_m_block);
     if (has_next) load_row_stats(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);

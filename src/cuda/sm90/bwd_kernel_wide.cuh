@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   // 12-40 bytes in the default kernels and they ran about 3 % slower.
   const bool deterministic = pass.semaphores != nullptr;
   int h = work.h_first, m_block = items.template m_start<kDeterministic>();
-  const bool has_items = items.template next<kDeterministic>(h, m_block);
+  const bool has_items = items.template next<kDeterministic, !Traits::kMaskDiagonal>(h, m_block);
   const int wg = tid / 128 - 1;  // consumer 0 or 1
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -196,9 +196,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
           desc_mn_major(sK_addr + col_block0 * kBlockN * 128 + kk * 16 * 128, kBlockN * 128), kk > 0 ? 1 : 0);
     wgmma_commit();
     DqTurn turn;  // deterministic mode
-    if (deterministic) turn = DqTurn::begin(pass, items, b, h, m_block, wg);
+    if (deterministic) turn = DqTurn::begin<!Traits::kMaskDiagonal>(pass, items, b, h, m_block, wg);
     int next_h = h, next_m_block = m_block;
-    const bool has_next = items.template next<kDeterministic>(next_h, next_m_block);
+    const bool has_next = items.template next<kDeterministic, !Traits::kMaskDiagonal>(next_h, next_m_block);
     if (has_next && wtid < 2 * kQueries) row_stat = load_row_stat(next_h, next_m_block);
     wgmma_wait<0>();
     fence_registers(acc_dv);
