@@ -181,7 +181,8 @@ std::vector<Shape> shapes() {
              {1, 1}, {64, 64}, {100, 700}, {700, 100}, {1000, 1000}, {1000, 1500}, {130, 3000}, {2048, 2048},
              {300, 9000}, {9000, 5000}})
       for (bool bottom_right : {true, false})
-        for (auto [left, right] : std::vector<std::pair<int, int>>{{-1, -1}, {-1, 0}, {200, 0}, {-1, 130}, {0, 0}})
+        for (auto [left, right] : std::vector<std::pair<int, int>>{
+                 {-1, -1}, {-1, 0}, {200, 0}, {-1, 130}, {0, 0}, {2147483000, 2147483000}, {0, 2147483000}})
           out.push_back({len_q, len_k, bottom_right, left, right, group});
   return out;
 }
@@ -259,7 +260,9 @@ TEST(BwdItemOrder, LaunchSlotsCoverTheGridInGroups) {
           if (group != previous_group) last_tile_of_head.clear();
           previous_group = group;
           const auto it = last_tile_of_head.find(h);
-          if (it != last_tile_of_head.end()) EXPECT_LT(n, it->second) << "a head's key tiles descend in a group";
+          if (it != last_tile_of_head.end()) {
+            EXPECT_LT(n, it->second) << "a head's key tiles descend in a group";
+          }
           last_tile_of_head[h] = n;
         }
       }

@@ -55,8 +55,12 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 // on a CTA launched earlier.
 template <int kBlockM, int kBlockN>
 struct BwdItems {
-  int shift, window_left, window_right, len_q, len_k;
+  int len_q, len_k;
   int n_block, m_blocks, h_end, first_query_tile;
+  int first_visiting, last_visiting;  // the query tiles that see a key of n_block: [first, last]
+  // shift + window_right, clamped to 32 bits (INT32_MAX without a right bound):
+  // query row i sees keys below i + 1 + end_offset (and below len_k).
+  int end_offset;
   int key_group, key_group_end;  // n_block's group and the key tile past it
   bool rotated;
 
@@ -65,9 +69,6 @@ struct BwdItems {
   FA_HOST_DEVICE static BwdItems make(const MaskPolicy& mask, int n_block, int h_end, bool rotated,
                                       int key_group_tiles) {
     BwdItems items;
-    items.shift = static_cast<int>(mask.shift);
-    items.window_left = static_cast<int>(mask.window_left);
-    items.window_right = static_cast<int>(mask.window_right);
     items.len_q = static_cast<int>(mask.seqlen_q);
     items.len_k = static_cast<int>(mask.seqlen_k);
     items.n_block = n_block;
@@ -77,19 +78,45 @@ struct BwdItems {
     items.first_query_tile = rotated ? n_block * items.m_blocks / items.key_tiles() : 0;
     items.key_group = key_group_tiles > 0 ? n_block / key_group_tiles : 0;
     items.key_group_end = key_group_tiles > 0 ? (items.key_group + 1) * key_group_tiles : items.key_tiles();
+    items.find_visiting_range(mask);
+    const int64_t end_offset = mask.window_right >= 0 ? mask.shift + mask.window_right : INT32_MAX;
+    items.end_offset = static_cast<int>(min(max(end_offset, int64_t(-INT32_MAX)), int64_t(INT32_MAX)));
     return items;
+  }
+  // Query tile m covers the keys [begin(m), end(m)) (last_visiting_block),
+  // both nondecreasing in m, so the tiles that see a key of n_block, i.e.
+  // end(m) > n_block kBlockN and begin(m) < min((n_block + 1) kBlockN, len_k),
+  // are a range; found once here in 64 bits, the walk (next) then tests a
+  // tile with two 32-bit comparisons.
+  FA_HOST_DEVICE void find_visiting_range(const MaskPolicy& mask) {
+    const int64_t low_key = int64_t(n_block) * kBlockN;
+    const int64_t high_key = min(low_key + kBlockN, int64_t(len_k));
+    first_visiting = 0;
+    if (mask.window_right >= 0) {  // end(m) > low_key <=> min((m + 1) kBlockM, len_q) > threshold
+      const int64_t threshold = low_key - mask.shift - mask.window_right;
+      first_visiting = len_q <= threshold ? m_blocks
+                       : threshold < kBlockM ? 0
+                                             : static_cast<int>((threshold - kBlockM) / kBlockM + 1);
+    }
+    last_visiting = m_blocks - 1;
+    if (mask.window_left >= 0) {  // begin(m) < high_key <=> m kBlockM < bound
+      const int64_t bound = high_key - mask.shift + mask.window_left;
+      last_visiting = bound <= 0 ? -1 : static_cast<int>(min((bound - 1) / kBlockM, int64_t(m_blocks - 1)));
+    }
   }
   FA_HOST_DEVICE int key_tiles() const { return (len_k + kBlockN - 1) / kBlockN; }
   // The last key tile that query tile m_block visits; -1 when it does not
-  // visit n_block. The key range is MaskPolicy's key_begin / key_end.
+  // visit n_block. The key range is MaskPolicy's key_begin / key_end, here in
+  // 32 bits: rows end before len_q < 2^31, and where end_offset would carry
+  // the end past len_k the comparison picks len_k instead of adding.
   FA_HOST_DEVICE int last_visiting_block(int m_block) const {
-    const int64_t m0 = int64_t(m_block) * kBlockM, m1 = min(m0 + kBlockM, int64_t(len_q));
-    const int64_t begin = window_left >= 0 ? max(m0 + shift - window_left, int64_t(0)) : 0;
-    const int64_t end = window_right >= 0 ? min(m1 + shift + window_right, int64_t(len_k)) : len_k;
-    if (end <= begin) return -1;
-    const int first = static_cast<int>(begin / kBlockN), last = static_cast<int>((end - 1) / kBlockN);
-    return n_block >= first && n_block <= last ? last : -1;
+    if (!visits(m_block)) return -1;
+    const int m0 = m_block * kBlockM, row_end = len_q - m0 > kBlockM ? m0 + kBlockM : len_q;
+    const int key_end = end_offset >= len_k - row_end ? len_k : row_end + end_offset;
+    return (key_end - 1) / kBlockN;
   }
+  // Whether query tile m_block sees a key of n_block (last_visiting_block >= 0).
+  FA_HOST_DEVICE bool visits(int m_block) const { return m_block >= first_visiting && m_block <= last_visiting; }
   // The m_block before the first item.
   template <bool kAscending>
   FA_HOST_DEVICE int m_start() const {
@@ -106,7 +133,7 @@ struct BwdItems {
     if (m_blocks == 0) return false;
     if (kAscending && m_block < 0) {
       m_block = first_query_tile;
-      if (kEveryTileVisits || last_visiting_block(m_block) >= 0) return true;
+      if (kEveryTileVisits || visits(m_block)) return true;
     }
     while (true) {
       m_block += kAscending ? 1 : -1;
@@ -115,7 +142,7 @@ struct BwdItems {
         if (!kAscending && ++h >= h_end) return false;
       }
       if (kAscending && m_block == first_query_tile && ++h >= h_end) return false;
-      if (kEveryTileVisits || last_visiting_block(m_block) >= 0) return true;
+      if (kEveryTileVisits || visits(m_block)) return true;
     }
   }
   // Deterministic mode: the dQ copy that query tile m_block adds into, and
