@@ -42,31 +42,18 @@ struct Item {
   int h, m_block, copy, rank;
 };
 
-// The items of CTA n_block in the order the kernel walks them.
-template <int kBlockM, int kBlockN>
+// The items of CTA n_block in the order the kernel walks them; with
+// kEveryTileVisits as the dense kernels walk them (no visibility test).
+template <int kBlockM, int kBlockN, bool kEveryTileVisits = false>
 std::vector<Item> walk(const Shape& shape, int n_block, bool deterministic, bool rotated, int key_group_tiles = 0) {
   const auto items = BwdItems<kBlockM, kBlockN>::make(shape.mask(), n_block, shape.group, rotated, key_group_tiles);
   std::vector<Item> out;
   int h = 0;
   int m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
-  while (deterministic ? items.template next<true>(h, m_block) : items.template next<false>(h, m_block)) {
-    out.push_back({h, m_block, items.dq_copy(m_block), items.dq_rank(m_block)});
+  while (deterministic ? items.template next<true, kEveryTileVisits>(h, m_block)
+                       : items.template next<false, kEveryTileVisits>(h, m_block)) {
+    out.push_back({h, m_block, items.dq_copy(m_block), items.template dq_rank<kEveryTileVisits>(m_block)});
     if (out.size() > 1u << 20) break;  // a walk that does not end
-  }
-  return out;
-}
-
-// The same walk as the dense kernels take it (BwdItems' kEveryTileVisits: no
-// visibility test per query tile).
-template <int kBlockM, int kBlockN>
-std::vector<Item> walk_dense(const Shape& shape, int n_block, bool deterministic, bool rotated) {
-  const auto items = BwdItems<kBlockM, kBlockN>::make(shape.mask(), n_block, shape.group, rotated, 0);
-  std::vector<Item> out;
-  int h = 0;
-  int m_block = deterministic ? items.template m_start<true>() : items.template m_start<false>();
-  while (deterministic ? items.template next<true, true>(h, m_block) : items.template next<false, true>(h, m_block)) {
-    out.push_back({h, m_block, items.dq_copy(m_block), items.template dq_rank<true>(m_block)});
-    if (out.size() > 1u << 20) break;
   }
   return out;
 }
@@ -222,7 +209,7 @@ void expect_dense_walks_equal(const Shape& shape) {
       for (bool rotated : {false, true}) {
         if (rotated && !deterministic) continue;
         const auto generic = walk<kBlockM, kBlockN>(shape, n, deterministic, rotated);
-        const auto dense = walk_dense<kBlockM, kBlockN>(shape, n, deterministic, rotated);
+        const auto dense = walk<kBlockM, kBlockN, true>(shape, n, deterministic, rotated);
         ASSERT_EQ(generic.size(), dense.size()) << shape.name() << " key tile " << n;
         for (size_t i = 0; i < generic.size(); ++i) {
           EXPECT_EQ(generic[i].h, dense[i].h);
