@@ -70,6 +70,17 @@ struct FwdTraits {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0, "column blocks of 64 elements");
   static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "shared memory per SM");
+  // The persistent kernel stages O in a buffer of its own (1024-byte aligned
+  // after the barriers), as sQ already receives the next tile's Q, where it
+  // fits (every class but 256) and without a diagonal mask (under ptxas 13.0
+  // the hdim-128 diagonal kernel spilled 44 bytes with it, none without).
+  static constexpr int kOffsetPersistentO = kQBytes + 2 * kStages * kKVBytes + 1024;
+  static constexpr int kPersistentSmemBytes = 1024 + kOffsetPersistentO + kQBytes;
+  static constexpr bool kPersistentStagesO = kPersistentSmemBytes <= 227 * 1024 && !kMaskDiagonal;
+  template <bool kPersistent>
+  static constexpr int smem_bytes() {
+    return kPersistent && kPersistentStagesO ? kPersistentSmemBytes : kSmemBytes;
+  }
 };
 
 // The kernel's argument block: the tensor maps (64-byte aligned, first), the
@@ -187,6 +198,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   uint8_t* sK = sQ + Traits::kQBytes;                      // kStages x kColBlocks x (kBlockN, 64)
   uint8_t* sV = sK + Traits::kStages * Traits::kKVBytes;   // kStages x kColBlocks x (kBlockN, 64)
   Barriers* bars = reinterpret_cast<Barriers*>(sV + Traits::kStages * Traits::kKVBytes);
+  // Where the epilogue stages O: this warpgroup's rows of sQ (one tile per
+  // CTA), a buffer of its own (persistent), or nowhere (persistent, class 256:
+  // stored from the accumulators).
+  constexpr bool kStageO = !kPersistent || Traits::kPersistentStagesO;
+  uint8_t* sO = kPersistent ? smem + Traits::kOffsetPersistentO : sQ;
 
   const int tid = threadIdx.x;
   if constexpr (!kPersistent) {  // the whole CTA leaves before any barrier exists
@@ -540,12 +556,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // Epilogue: 1 / row_sum and LSE per row, then O. One tile per CTA: O goes
     // into this warpgroup's own rows of sQ (its last wgmma read of Q is
     // complete), then out in 16-byte coalesced stores of the rows inside the
-    // sequence. Persistent: sQ already receives the next tile's Q, so O goes
-    // straight from the accumulators (each quad of threads writes 16
-    // contiguous bytes of a row; the quads of a warp fill whole 32-byte sectors
-    // over two consecutive n8 groups).
+    // sequence. Persistent: the same through sO (sQ already receives the next
+    // tile's Q), after the warpgroup's previous copy-out has read it; at class
+    // 256, where no sO fits, straight from the accumulators (each quad of
+    // threads writes 16 contiguous bytes of a row; the quads of a warp fill
+    // whole 32-byte sectors over two consecutive n8 groups).
     T* o_tile = o_rows();
     float* lse_tile = lse_rows();
+    if constexpr (kPersistent && kStageO) named_barrier_sync(1 + wg, 128);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = row_sum[r] - row_error[r];
@@ -559,11 +577,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
         for (int nj = 0; nj < kNO / 8; ++nj) {
           const int col = c * kNO + nj * 8 + 2 * t;
           const uint32_t packed = Pack2<T>::pack(acc_o[c][nj * 4 + r * 2] * inverse, acc_o[c][nj * 4 + r * 2 + 1] * inverse);
-          if constexpr (kPersistent) {
+          if constexpr (!kStageO) {
             if (row < rows && col < dim_v)
               *reinterpret_cast<uint32_t*>(o_tile + row * params.o_layout.row + col) = packed;
           } else {
-            *reinterpret_cast<uint32_t*>(sQ + swizzled_offset(kBlockM, row, col)) = packed;
+            *reinterpret_cast<uint32_t*>(sO + swizzled_offset(kBlockM, row, col)) = packed;
           }
         }
       if (lse_tile != nullptr && t == 0 && row < rows) {
@@ -571,14 +589,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
         lse_tile[row * params.lse_layout.row] = sum > 0.0f ? (offset + __log2f(sum)) * kLn2 : INFINITY;
       }
     }
-    if constexpr (!kPersistent) {
+    if constexpr (kStageO) {
       named_barrier_sync(1 + wg, 128);
       constexpr int kChunksPerRow = kHeadDim / 8;
       for (int i = wtid; i < max(wg_row_end - wg_row_begin, 0) * kChunksPerRow; i += 128) {
         const int row = wg_row_begin + i / kChunksPerRow, col = (i % kChunksPerRow) * 8;
         if (col < dim_v)
           *reinterpret_cast<uint4*>(o_tile + row * params.o_layout.row + col) =
-              *reinterpret_cast<const uint4*>(sQ + swizzled_offset(kBlockM, row, col));
+              *reinterpret_cast<const uint4*>(sO + swizzled_offset(kBlockM, row, col));
       }
     }
   }

@@ -106,8 +106,9 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
       // One CTA per SM: its threads at their registers take the whole register file.
       const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
       auto kernel = pick(std::false_type{}, std::true_type{});
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+      constexpr int kSmemBytes = Traits::template smem_bytes<true>();
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      kernel<<<grid, Traits::kThreads, kSmemBytes, stream>>>(args);
     }
   } else {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
