@@ -23,8 +23,11 @@ namespace flashattn::sm90 {
 // tiles. Inside a section the query tiles go longest first for diagonal masks
 // (LPT: the short tiles fill the ragged end), and the pairs of the section take
 // turns at each query-tile index, so tiles of equal length sit next to each
-// other and one wave covers every pair of the section. h runs fastest: the
-// query heads of a GQA group, which share K/V, are neighbours.
+// other and one wave covers every pair of the section. Without a diagonal
+// mask a pair's query tiles run one after another, as in the grid of one tile
+// per CTA, so a wave reads the K/V of a few pairs, not of the whole section.
+// h runs fastest across pairs: the query heads of a GQA group, which share
+// K/V, are neighbours.
 struct FwdTileOrder {
   int group = 1;          // query heads per K/V head, set in both modes: the producer, on 24
                           // registers, should not divide params.heads / heads_kv in 64 bits
@@ -46,8 +49,8 @@ __device__ __forceinline__ FwdTile fwd_tile_at(const FwdTileOrder& order, int t)
   const int first_pair = section * order.section_pairs;
   const int pairs = min(order.section_pairs, order.pairs - first_pair);  // the last section may be short
   const int r = t - section * section_tiles;
-  const int m_index = r / pairs;
-  const int pair = first_pair + (r - m_index * pairs);
+  const int m_index = kLongestFirst ? r / pairs : r % order.m_blocks;
+  const int pair = first_pair + (kLongestFirst ? r - m_index * pairs : r / order.m_blocks);
   FwdTile tile;
   tile.m_block = kLongestFirst ? order.m_blocks - 1 - m_index : m_index;
   tile.b = pair / order.heads;
