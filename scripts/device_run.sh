@@ -100,8 +100,9 @@ fi
 
 # A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
 # previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
-# classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16) times both builds in
-# the same rounds (bench_gpu.py --reference-lib); FA_REFERENCE_BENCH=0 only builds it. A decode
+# classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16; FA_REFERENCE_ARGS, more
+# bench_gpu.py arguments such as "--dims 128") times both builds in the same rounds (bench_gpu.py
+# --reference-lib); FA_REFERENCE_BENCH=0 only builds it. A decode
 # stage in the same call times build-ref's decode too (a build-ref left by an earlier call is not used).
 if has_stage reference; then
   start=$(date +%s)
@@ -116,7 +117,7 @@ if has_stage reference; then
   else
     mkdir -p /tmp/reference_bench
     PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_REFERENCE_TIMEOUT:-300}" \
-      python3 bench/gpu/bench_gpu.py --out /tmp/reference_bench --skip-extra --dtypes "${FA_REFERENCE_DTYPES:-bf16}" \
+      python3 bench/gpu/bench_gpu.py --out /tmp/reference_bench --skip-extra --dtypes "${FA_REFERENCE_DTYPES:-bf16}" ${FA_REFERENCE_ARGS:-} \
       --reference-lib "$PWD/build-ref/libflashattn.so" >"$OUT/bench_reference.txt" 2>>"$OUT/reference_build.log"
     note "== reference A/B: exit $?, $(( $(date +%s) - start )) s"
     cp /tmp/reference_bench/bench_gpu.json "$OUT/bench_gpu_reference.json"
