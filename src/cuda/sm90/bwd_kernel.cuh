@@ -122,12 +122,9 @@ struct BwdTileWork {
     work.h_first = work.h_kv * group;
     work.mask = MaskPolicy::make(work.seq.len_q, work.seq.len_k, params.align_bottom_right, params.window_left,
                                  params.window_right);
-    // The rotated order is the dense kernels' (the host sets two copies without groups only
-    // without a mask): written as a constant here, the diagonal kernels drop its division.
     const int group_tiles = key_group_tiles<Traits>(pass);
-    const bool rotated = !Traits::kMaskDiagonal && pass.dq_copies == 2;
-    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group, rotated,
-                                                                  group_tiles);
+    work.items = BwdItems<Traits::kBlockM, Traits::kBlockN>::make(work.mask, n_block, work.h_first + group,
+                                                                  pass.dq_copies == 2 && group_tiles == 0, group_tiles);
     return work;
   }
 };
@@ -185,11 +182,9 @@ constexpr int kHandoffBarrier = 7, kTakenBarrier = 9;
 // semaphore of each of consumer wg's items once the consumer's adds are behind
 // the hand-off barrier, so that the release's fence stalls this warp instead of
 // a consumer. It walks the items itself (the same BwdItems as the consumers):
-// nothing passes through shared memory. wg is a template argument so that
-// the barrier numbers are immediates: as registers, ptxas spilled them on the
-// 24 registers of this warp and reloaded them every item.
-template <class Traits, int wg>
-__device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args) {
+// nothing passes through shared memory.
+template <class Traits>
+__device__ __forceinline__ void release_dq_turns(const BwdKernelArgs& args, int wg) {
   const sm80::BwdPass& pass = args.pass;
   const int b = blockIdx.z;
   const BwdLaunchSlot slot = bwd_launch_slot<Traits, true>(pass);
@@ -227,10 +222,7 @@ __device__ __forceinline__ bool start_bwd_cta(const BwdKernelArgs& args, uint8_t
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) produce_bwd<Traits, kDeterministic>(args, smem);
     if constexpr (kDeterministic)
-      if (tid >= 32 && tid < 64)
-        release_dq_turns<Traits, 0>(args);
-      else if (tid >= 64 && tid < 96)
-        release_dq_turns<Traits, 1>(args);
+      if (tid >= 32 && tid < 96) release_dq_turns<Traits>(args, tid / 32 - 1);
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
