@@ -220,19 +220,25 @@ int sm90_schedule_override() {
 // The persistent sm90 forward (one CTA per SM looping over tiles, K/V pipeline
 // running on across tiles, src/cuda/sm90/tile_scheduler.cuh) is built for the
 // plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
-// per CTA. Not the default anywhere yet: it has not run on a GPU at the time
-// of writing (dev/sm90_log.md, "persistent scheduler"); FLASHATTN_SM90_PERSISTENT=1
-// turns it on per call, =0 off, for A/B in one process.
-constexpr bool kSm90PersistentByDefault = false;
+// per CTA. FLASHATTN_SM90_PERSISTENT=1 turns it on per call, =0 off (A/B in
+// one process). Default: class 128 without a mask and with at most 1,024 keys,
+// where each tile is short and the next tile's Q/K loads, issued during this
+// one's epilogue, save most of a CTA's serial start and end. Measured on the
+// H200 (session 13, runs 1 and 2, same rounds, 16k tokens): 1k keys 1.08x one
+// tile per CTA (bf16 508 vs 470 and 497 vs 460, fp16 514 vs 474 and 519 vs
+// 482 TFLOP/s), 4k equal (0.99-1.00x), 8k-16k 0.94-0.98x; at classes 64 and
+// 256 it trails one tile per CTA at every length (BENCHMARKS.md).
+constexpr int64_t kSm90PersistentMaxKeys = 1024;
 
-bool sm90_forward_persistent(const FwdParams& params) {
+bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
   const int64_t m_blocks = (params.seqlen_q + kSm90FwdBlockM - 1) / kSm90FwdBlockM;
   if (m_blocks * params.heads * params.batch > INT32_MAX) return false;  // tile numbers are 32-bit
   const char* forced = std::getenv("FLASHATTN_SM90_PERSISTENT");
   if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  return kSm90PersistentByDefault;
+  if (std::getenv("FLASHATTN_SM90_FWD_CONSUMERS") != nullptr) return false;  // the consumer count asked for
+  return head_dim_class == 128 && !mask_diagonal && params.seqlen_k <= kSm90PersistentMaxKeys;
 }
 
 // Consumer warpgroups of the sm90 forward, measured on the H200 (BENCHMARKS.md,
@@ -253,7 +259,7 @@ int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mas
   if (forced != nullptr && std::strcmp(forced, "3") == 0 && head_dim_class == 64) consumers = 3;
   if (forced != nullptr && std::strcmp(forced, "2") == 0) consumers = 2;
   if (forced != nullptr && std::strcmp(forced, "1") == 0) consumers = 1;
-  return consumers == 1 && sm90_forward_persistent(params) ? 2 : consumers;
+  return consumers == 1 && sm90_forward_persistent(params, head_dim_class, mask_diagonal) ? 2 : consumers;
 }
 
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes) {
@@ -275,7 +281,9 @@ fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, 
 
 const char* fwd_kernel_path(const FwdParams& params) {
   if (!use_sm90_forward(params)) return "cuda-sm80";
-  return sm90_forward_persistent(params) ? "cuda-sm90-persistent" : "cuda-sm90";
+  const bool persistent = sm90_forward_persistent(params, sm90_head_dim_class(params.head_dim, params.head_dim_v),
+                                                  mask_diagonal(params));
+  return persistent ? "cuda-sm90-persistent" : "cuda-sm90";
 }
 
 const char* bwd_kernel_path(const BwdParams& params) {

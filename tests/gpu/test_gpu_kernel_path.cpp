@@ -97,6 +97,55 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
   }
 }
 
+// Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
+// measured faster: head-dim class 128 (D up to 128 above 64), no mask, at most
+// 1,024 keys; one tile per CTA elsewhere, and wherever a consumer count is
+// asked for.
+TEST(GpuKernelPath, PersistentByDefaultForShortUnmaskedRowsAtClass128) {
+  FA_GPU_TEST_OR_SKIP();
+  if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
+  for (const char* name : {"FLASHATTN_CUDA_FWD", "FLASHATTN_SM90_PERSISTENT", "FLASHATTN_SM90_SCHEDULE",
+                           "FLASHATTN_SM90_FWD_CONSUMERS"})
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << name << " is set: it overrides the default";
+  struct Shape {
+    int64_t D, Sk;
+    bool causal;
+    int32_t window_left;
+    const char* expected;
+  };
+  const Shape shapes[] = {
+      {128, 1024, false, -1, "cuda-sm90-persistent"}, {96, 300, false, -1, "cuda-sm90-persistent"},
+      {128, 1025, false, -1, "cuda-sm90"},            {128, 1024, true, -1, "cuda-sm90"},
+      {128, 512, false, 64, "cuda-sm90"},             {64, 1024, false, -1, "cuda-sm90"},
+      {256, 1024, false, -1, "cuda-sm90"},
+  };
+  for (const Shape& shape : shapes) {
+    Case c;
+    c.name = "path_probe";
+    c.dtype = FA_DTYPE_BF16;
+    c.B = 2;
+    c.H = 4;
+    c.Hkv = 2;
+    c.Sq = 256;
+    c.Sk = shape.Sk;
+    c.D = c.Dv = shape.D;
+    c.causal = shape.causal;
+    c.window_left = shape.window_left;
+    if (shape.window_left >= 0) c.window_right = 0;
+    Problem p = make_problem(c);
+    DeviceMirror mirror(p);
+    const fa_fwd_args args = mirror.fwd_args();
+    const char* path = fa_fwd_kernel_path(&args);
+    ASSERT_NE(path, nullptr) << fa_last_error();
+    EXPECT_STREQ(path, shape.expected) << "D " << shape.D << ", Sk " << shape.Sk << (shape.causal ? ", causal" : "")
+                                       << ", window_left " << shape.window_left;
+    if (std::string(shape.expected) == "cuda-sm90-persistent") {
+      const ScopedEnv one("FLASHATTN_SM90_FWD_CONSUMERS", "2");
+      EXPECT_STREQ(fa_fwd_kernel_path(&args), "cuda-sm90") << "a consumer count asked for keeps one tile per CTA";
+    }
+  }
+}
+
 // The persistent forward computes every tile exactly as one tile per CTA does
 // (same GEMMs, same order of key tiles, same rounding); only who runs the tile
 // and how O reaches memory differ. So O and LSE must be bit-identical, on

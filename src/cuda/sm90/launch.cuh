@@ -79,7 +79,7 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     return fail(FA_ERROR_INTERNAL, "sm90 forward: %d consumers only for the plain kernels at schedule v%d",
                 Traits::kConsumers, kPlainSchedule);
   // FLASHATTN_SM90_PERSISTENT=0|1: the persistent kernel (plain kernels, schedules v2 / v3) or one tile per CTA.
-  const bool persistent = sm90_forward_persistent(params);
+  const bool persistent = sm90_forward_persistent(params, kHeadDim, Traits::kMaskDiagonal);
   if (persistent && (extras || schedule == 1 || Traits::kConsumers == 1))
     return fail(FA_ERROR_INTERNAL, "sm90 forward: no persistent kernel for schedule v%d or softcap / ALiBi", schedule);
   // The kernels of this unit: plain and softcap/ALiBi, one tile per CTA, at
