@@ -224,9 +224,9 @@ int sm90_schedule_override() {
 // one process). Default: class 128 without a mask and with at most 1,024 keys,
 // where each tile is short and the next tile's Q/K loads, issued during this
 // one's epilogue, save most of a CTA's serial start and end. Measured on the
-// H200 (session 13, runs 1 and 2, same rounds, 16k tokens): 1k keys 1.08x one
+// H200 (session 13, runs 1 and 2, same rounds, 16k tokens): 1k keys 1.08-1.09x one
 // tile per CTA (bf16 508 vs 470 and 497 vs 460, fp16 514 vs 474 and 519 vs
-// 482 TFLOP/s), 4k equal (0.99-1.00x), 8k-16k 0.94-0.98x; at classes 64 and
+// 482 TFLOP/s), 4k equal (0.99-1.00x), 8k-16k 0.94-0.97x; at classes 64 and
 // 256 it trails one tile per CTA at every length (BENCHMARKS.md).
 constexpr int64_t kSm90PersistentMaxKeys = 1024;
 
