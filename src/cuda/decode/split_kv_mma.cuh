@@ -97,7 +97,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 // element by element took ~25 us per block); the plain path is short and
 // branch-free because every block runs it once, cold: the first version
 // unrolled the rotary code and a 64-bit division per element, and the first
-// K/V copy came 57 KiB of instructions into the kernel (now 29 KiB).
+// K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix;
+// 13 KiB since the kernel stages Q after issuing its first slabs).
 template <typename Traits, typename Element>
 __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
                                               int64_t r0, int nrows, float* q_stage) {
@@ -167,34 +168,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
-  stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows, q_stage);
-  __syncthreads();
-
-  // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
-  // row g + 8 half. Each of this lane's two rows sees keys [key_lo, key_hi).
-  uint4 q_frag[kKeyBlocks][2];
-  int key_lo[2], key_hi[2], diagonal[2];
-  float slope[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = g + 8 * half;
-    const int64_t query = (r0 + r) / heads_per_kv;
-    const bool real = r < nrows;
-    key_lo[half] = static_cast<int>(mask.key_begin(query));
-    key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
-    diagonal[half] = static_cast<int>(query + mask.shift);
-    const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
-    slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
-#pragma unroll
-    for (int blk = 0; blk < kKeyBlocks; ++blk) {
-      const float* q8 = q_stage + r * kHeadDim + 32 * blk + 8 * t;
-      uint32_t words[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) words[w] = sm80::Pack2<Element>::pack(q8[2 * w], q8[2 * w + 1]);
-      q_frag[blk][half] = make_uint4(words[0], words[1], words[2], words[3]);
-    }
-  }
-
   const int64_t i_first = r0 / heads_per_kv, i_last = (r0 + nrows - 1) / heads_per_kv;
   const KeyRange range = split_range<kKeysPerTile>(mask.key_begin(i_first), mask.key_end(i_last + 1),
                                                    blockIdx.x, gridDim.x);
@@ -261,6 +234,36 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         ++st.page;
       }
       st.block = block_of(st);
+    }
+  };
+
+  // Q as A fragments in the dim order above: q_frag[blk][half] holds dims 32 blk + 8t .. + 7 of
+  // row g + 8 half. Each of this lane's two rows sees keys [key_lo, key_hi). Set in turn 0 of the
+  // loop below, once the first slabs are on their way.
+  uint4 q_frag[kKeyBlocks][2];
+  int key_lo[2], key_hi[2], diagonal[2];
+  float slope[2];
+  auto stage_query_fragments = [&]() {
+    stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows, q_stage);
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      const int64_t query = (r0 + r) / heads_per_kv;
+      const bool real = r < nrows;
+      key_lo[half] = static_cast<int>(mask.key_begin(query));
+      key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
+      diagonal[half] = static_cast<int>(query + mask.shift);
+      const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
+      slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+#pragma unroll
+      for (int blk = 0; blk < kKeyBlocks; ++blk) {
+        const float* q8 = q_stage + r * kHeadDim + 32 * blk + 8 * t;
+        uint32_t words[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) words[w] = sm80::Pack2<Element>::pack(q8[2 * w], q8[2 * w + 1]);
+        q_frag[blk][half] = make_uint4(words[0], words[1], words[2], words[3]);
+      }
     }
   };
 
@@ -365,10 +368,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Step n of this warp is the slab at base0 + n * kKeysPerBlockIter; kStages - 1 slabs in flight.
   // The first kStages - 1 turns only issue: one loop, so the code of issue() and compute()
   // exists once (a block with few keys runs it cold, and instruction fetch was its cost).
+  // Turn 0 stages Q after its issue: the K/V copies need no Q, so Q's global loads wait out the
+  // same DRAM round trip as the first slabs instead of coming before it. Q has its own shared
+  // memory (smem_bytes()), apart from the ring the copies fill. Every warp runs turn 0, even one
+  // without a slab, because the staging ends in a block barrier.
   constexpr int stride = Traits::kKeysPerBlockIter;
   const int steps = base0 < keys_end ? (keys_end - base0 + stride - 1) / stride : 0;
+  const int turns = steps > 0 ? steps : 1;
 #pragma unroll 1
-  for (int n = 1 - kStages; n < steps; ++n) {
+  for (int n = 1 - kStages; n < turns; ++n) {
     __syncwarp();  // every lane is done reading the stage of step n - 1, which the issue below refills
     const int fill = n + kStages - 1;
     if (fill < steps) {
@@ -377,6 +385,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       cp_async_commit();  // empty group: the wait count below stays uniform
     }
     if (n < 0) continue;
+    if (n == 0) stage_query_fragments();
+    if (n >= steps) break;
     cp_async_wait<kStages - 1>();  // this lane's copies of step n have landed
     __syncwarp();                  // and every other lane's
     compute(base0 + n * stride, n % kStages);
