@@ -1,8 +1,8 @@
 // The CUDA backend's attention against a KV cache on the shared cache cases
 // (fp32 cases run as bf16): O and LSE within the 2x rule of the fp64
 // reference on the gathered cache, the appended cache byte for byte, outputs
-// poisoned on the device, the exact workspace, and every split count from 1 to
-// the maximum agreeing with no split.
+// poisoned on the device, the exact workspace, every split count from 1 to
+// the maximum agreeing with no split, and consecutive calls in a CUDA graph.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,6 +58,13 @@ class KvMirror {
   void download() {
     for (HostTensor* t : {&p_.out, &p_.lse, &p_.k_cache, &p_.v_cache})
       cudaMemcpy(t->data(), device_of_.at(t->data()), t->bytes().size(), cudaMemcpyDeviceToHost);
+  }
+  // The host outputs (e.g. poisoned again) to the device, landed before work on any stream starts
+  // (a copy from pageable memory may return before its DMA ends).
+  void upload_outputs() {
+    for (HostTensor* t : {&p_.out, &p_.lse})
+      cudaMemcpy(device_of_.at(t->data()), t->data(), t->bytes().size(), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   }
 
   bool complete() const {
@@ -115,6 +122,71 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
   FA_GPU_TEST_OR_SKIP();
   for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_fp16_gqa16_chunk7_causal"})
     expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
+}
+
+// Three consecutive calls captured in a CUDA graph replay to the bytes of one eager call, and so
+// does an eager call in plain stream order: on sm_90 the split kernel after the append and the
+// combine after the split kernel are programmatic dependent launches (kvcache_launch.cuh), which
+// capture turns into programmatic edges, and FLASHATTN_DECODE_PDL=0 turns them off. The append
+// writes the same rows on every call (cache_seqlens are inputs), so every call sees the same cache.
+TEST(GpuKvCacheGraph, ConsecutiveCallsReplayEager) {
+  FA_GPU_TEST_OR_SKIP();
+  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_bf16_decode_noappend"}) {
+    SCOPED_TRACE(name);
+    KvCase c = kvcache_case(name);
+    ASSERT_EQ(c.name, name);
+    c.num_splits = 4;  // the combine runs (the short case gets the 2 its keys allow)
+    KvProblem p = make_kv_problem(c);
+    p.poison_outputs();
+    KvMirror mirror(p);
+    ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
+    cudaStream_t stream = nullptr;
+    FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    fa_kvcache_args args = mirror.args();
+    args.opts.stream = stream;
+    size_t bytes = 0;
+    ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
+    DeviceBuffer workspace(bytes);
+    FA_CUDA_ASSERT(cudaDeviceSynchronize());  // the mirror's copies have landed
+    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download();
+    expect_kvcache_matches(p);
+    const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
+    auto expect_same = [&](const std::string& what) {
+      mirror.download();
+      EXPECT_TRUE(p.out.bytes() == out) << what;
+      EXPECT_TRUE(p.lse.bytes() == lse) << what;
+      EXPECT_TRUE(p.k_cache.bytes() == k_cache) << what;
+    };
+    {
+      const ScopedEnv plain("FLASHATTN_DECODE_PDL", "0");
+      p.poison_outputs();
+      mirror.upload_outputs();
+      ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
+      FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      expect_same("plain stream order");
+    }
+    cudaGraph_t graph = nullptr;
+    FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    fa_status status = FA_OK;
+    for (int call = 0; call < 3 && status == FA_OK; ++call) status = fa_fwd_kvcache(&args, workspace.data, bytes);
+    const std::string message = fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(status, FA_OK) << message;
+    cudaGraphExec_t exec = nullptr;
+    FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      p.poison_outputs();
+      mirror.upload_outputs();
+      FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      expect_same("replay " + std::to_string(replay));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 // The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by

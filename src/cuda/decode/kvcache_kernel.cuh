@@ -88,6 +88,23 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Programmatic dependent launch (sm_90+, kvcache_launch.cuh says which launches use it). The wait
+// holds the thread until the grids this one depends on have completed and their writes are visible
+// (at once in a grid launched in plain stream order), so it precedes every global access of a kernel
+// that may be launched early. allow_dependent_grids lets the next grid, when launched that way, be
+// scheduled once every block of this one has called it or exited; it publishes nothing (that is the
+// dependent's wait). Both are compiled out below sm_90, whose code the launcher never launches early.
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The row of batch row b, bounded on the device: the C API cannot read device
 // index tensors, so a row whose values leave the cache attends to no key.
 __device__ __forceinline__ CacheRow bounded_row(const KvCacheParams& p, int64_t b) {
@@ -113,6 +130,7 @@ __device__ __forceinline__ float rotated_element(const KvCacheParams& p, const E
 // k_new (rotated) and v_new into the cache. Grid (B * S_new * Hkv), one thread per dim.
 template <typename Element>
 __global__ void append_kernel(const KvCacheParams p) {
+  allow_dependent_grids();  // the split kernel's blocks may take their SMs now: they wait for this grid
   const int64_t h = blockIdx.x % p.heads_kv;
   const int64_t t = (blockIdx.x / p.heads_kv) % p.seqlen_new;
   const int64_t b = blockIdx.x / (p.heads_kv * p.seqlen_new);
@@ -162,6 +180,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float* row_sum = row_max + kRows;
   float* row_alpha = row_sum + kRows;
 
+  wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
   const int tid = threadIdx.x;
   const int split = blockIdx.x, splits = gridDim.x;
   const int64_t b = blockIdx.z / p.heads_kv, hkv = blockIdx.z % p.heads_kv;
@@ -384,6 +403,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   __shared__ float weights[kMaxSplits];
   __shared__ float partial_max[kCombineWarps], partial_sum[kCombineWarps];
   __shared__ float4 warp_sums[kCombineWarps][kMaxHeadDimV / 4];
+  // Launched early, while the split kernel still runs: the partials, and out, are touched only
+  // after that grid has completed.
+  wait_for_prerequisite_grids();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t group = p.heads / p.heads_kv;
   const int64_t total_rows = p.seqlen_q * group;

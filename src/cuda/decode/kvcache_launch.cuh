@@ -3,6 +3,9 @@
 // work on the caller's stream.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/element_type.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
@@ -12,23 +15,62 @@
 
 namespace flashattn::cuda::decode {
 
+// FLASHATTN_DECODE_PDL=0 launches every decode kernel in plain stream order (A/B in one process).
+inline bool early_launch_allowed() {
+  const char* value = std::getenv("FLASHATTN_DECODE_PDL");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), or with `early` a programmatic dependent launch
+// (sm_90+): the blocks may be scheduled while the previous kernel of the stream still runs, and
+// the kernel's wait_for_prerequisite_grids() holds them until that kernel has completed; at B = 1
+// the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
+// virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
+// compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched in plain stream order.
+// Stream capture turns the attribute into a programmatic edge of the graph.
+template <typename... Params, typename... Args>
+fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        bool early, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  if (early && early_launch_allowed()) {
+    cudaFuncAttributes attributes{};
+    FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (attributes.ptxVersion >= 90) {
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+    }
+  }
+  FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  return FA_OK;
+}
+
 // One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
 // takes the same arguments, its Traits give the block size and shared memory.
+// `early` (after the append kernel): see launch_kernel.
 template <class Traits, class Kernel>
 fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                          float* lse_partial, cudaStream_t stream) {
+                          float* lse_partial, bool early, cudaStream_t stream) {
   const int smem = static_cast<int>(Traits::smem_bytes());
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p, o_partial, lse_partial, plan.rows_padded);
-  FA_CUDA_CHECK(cudaGetLastError());
-  return FA_OK;
+  return launch_kernel(kernel, grid, dim3(Traits::kThreads), smem, stream, early, p, o_partial, lse_partial,
+                       plan.rows_padded);
 }
 
 template <typename Tag, int kHeadDim>
 fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
   using Element = typename ElementOf<Tag>::type;
-  if (p.seqlen_new > 0 && p.batch > 0) {
+  // The append kernel follows the caller's work in plain stream order; the split kernel after it,
+  // and the combine after the split kernel, are launched early (launch_kernel).
+  const bool appended = p.seqlen_new > 0 && p.batch > 0;
+  if (appended) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
     if (blocks > INT32_MAX) return fail(FA_ERROR_UNSUPPORTED, "k_new: more than 2^31 - 1 rows to append");
     const int threads = static_cast<int>((std::max(p.head_dim, p.head_dim_v) + 31) / 32 * 32);
@@ -50,24 +92,27 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-    FA_TRY(launch_split_kv<Traits>(split_kv_mma_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
+    FA_TRY(launch_split_kv<Traits>(split_kv_mma_kernel<Traits, Element>, p, plan, o_partial, lse_partial, appended,
+                                   stream));
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
     using Eight = SplitKvWarpTraits<Element, kHeadDim, 8>;
     if (rows_per_block(rows, kKernel) == 4)
-      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial, stream));
+      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial, appended,
+                                   stream));
     else
-      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial, stream));
+      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial, appended,
+                                    stream));
   } else {
     using Traits = DecodeTraits<Element, kHeadDim>;
     static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
-    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, stream));
+    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, appended,
+                                   stream));
   }
   if (plan.splits > 1) {
     const unsigned blocks = static_cast<unsigned>(batch_heads * rows);  // one per packed row
-    combine_kernel<Element><<<blocks, kCombineThreads, 0, stream>>>(p, o_partial, lse_partial, plan.splits,
-                                                                    plan.rows_padded);
-    FA_CUDA_CHECK(cudaGetLastError());
+    FA_TRY(launch_kernel(combine_kernel<Element>, dim3(blocks), dim3(kCombineThreads), 0, stream, true, p, o_partial,
+                         lse_partial, plan.splits, plan.rows_padded));
   }
   return FA_OK;
 }

@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem[];
   float* q_stage = reinterpret_cast<float*>(smem + Traits::smem_bytes() - Traits::q_bytes());  // (kRows, kHeadDim)
+  wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -385,7 +386,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       cp_async_commit();  // empty group: the wait count below stays uniform
     }
     if (n < 0) continue;
-    if (n == 0) stage_query_fragments();
+    if (n == 0) {
+      allow_dependent_grids();  // the combine's blocks may be scheduled: they wait for this grid
+      stage_query_fragments();
+    }
     if (n >= steps) break;
     cp_async_wait<kStages - 1>();  // this lane's copies of step n have landed
     __syncwarp();                  // and every other lane's
