@@ -8,11 +8,13 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
 Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
 of reps. Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
 reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
-append + rotary.
+append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
+launch of the decode kernels), an A/B of that launch in one process.
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -95,6 +97,20 @@ def eager_time_ms(fns, reps=5):
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def plain_stream_order():
+    """FLASHATTN_DECODE_PDL=0 for the calls (and captures) inside: the library reads it per call."""
+    previous = os.environ.get("FLASHATTN_DECODE_PDL")
+    os.environ["FLASHATTN_DECODE_PDL"] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["FLASHATTN_DECODE_PDL"]
+        else:
+            os.environ["FLASHATTN_DECODE_PDL"] = previous
+
+
 def graph_time_ms(fns, reps=5):
     """Median time of one call: fns (one per cache copy) captured into a CUDA graph, replayed."""
     for fn in fns:
@@ -161,6 +177,8 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     row["ours_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
+    with plain_stream_order():
+        row["ours_plain_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     if reference is not None:  # another build of the library on the same caches, right after ours
         row["ref_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
         row["ours_ms_again"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
@@ -238,7 +256,9 @@ def decode_step_with_append(kv, B=8, S=32768, H=32, Hkv=8, D=128):
     out = torch.empty_like(q)
     fn = kv.call(q, k_cache, v_cache, out, seqlens, block_table=table, k_new=k_new, v_new=v_new, cos=cos, sin=sin)
     ms = graph_time_ms([fn])
-    return dict(batch=B, cache=S, ms=ms, GBps=2 * B * S * Hkv * D * 2 / (ms * 1e-3) / 1e9)
+    with plain_stream_order():
+        plain_ms = graph_time_ms([fn])
+    return dict(batch=B, cache=S, ms=ms, plain_ms=plain_ms, GBps=2 * B * S * Hkv * D * 2 / (ms * 1e-3) / 1e9)
 
 
 def main():
@@ -265,7 +285,8 @@ def main():
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
-                  f"({100 * row['ours_vs_copy']:.0f}% of copy), paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
+                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
+                  f"paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
                   + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
                      if reference else ""), flush=True)
