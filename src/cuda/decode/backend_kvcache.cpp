@@ -19,7 +19,6 @@ using decode::KvCachePlan;
 
 constexpr size_t kAlignment = 256;
 using decode::kMaxSplits;
-constexpr int64_t kMaxDecodeCapacity = int64_t(1) << 30;
 
 size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
@@ -147,12 +146,8 @@ fa_status check_kvcache_supported(const KvCacheParams& p) {
                 "q: the CUDA decode kernels copy 16-byte chunks of a head: expected D and Dv multiples of 8, got "
                 "D = %" PRId64 ", Dv = %" PRId64,
                 p.head_dim, p.head_dim_v);
-  // The decode kernels index keys and heads in 32 bits, with room for the split arithmetic.
-  if (p.capacity > kMaxDecodeCapacity)
-    return fail(FA_ERROR_UNSUPPORTED,
-                "k_cache: %" PRId64 " positions per cache row; the CUDA decode kernels take at most 2^30", p.capacity);
-  if (p.heads > INT32_MAX)
-    return fail(FA_ERROR_UNSUPPORTED, "q: %" PRId64 " heads; the CUDA decode kernels take at most 2^31 - 1", p.heads);
+  if (p.capacity > INT32_MAX)
+    return fail(FA_ERROR_UNSUPPORTED, "k_cache: cache capacities beyond 2^31 - 1 positions are not supported on CUDA");
   FA_TRY(check_aligned("k_cache", p.k_cache, p.k_cache_layout, p.cache_batch > 0));
   FA_TRY(check_aligned("v_cache", p.v_cache, p.v_cache_layout, p.cache_batch > 0));
   return FA_OK;

@@ -31,10 +31,9 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
                                 int rows_padded) {
   const int split = blockIdx.x, splits = gridDim.x;
   const int dv_count = static_cast<int>(p.head_dim_v);
-  const int group = static_cast<int>(p.heads) / static_cast<int>(p.heads_kv);  // 32-bit: H < 2^31 (host)
-  for (int e = threadIdx.x; e < nrows * kHeadDim; e += blockDim.x) {  // kHeadDim: shifts, not divisions
-    const int r = e / kHeadDim, d = e % kHeadDim;
-    if (d >= dv_count) continue;
+  const int64_t heads_per_kv = p.heads / p.heads_kv;
+  for (int e = threadIdx.x; e < nrows * dv_count; e += blockDim.x) {
+    const int r = e / dv_count, d = e % dv_count;
     float max_m = -INFINITY;
     for (int st = 0; st < kStates; ++st) max_m = fmaxf(max_m, states.m[st * kRows + r]);
     float total_l = 0.0f, total_o = 0.0f;
@@ -47,8 +46,7 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
     }
     const float value = total_l > 0.0f ? total_o / total_l : 0.0f;
     if (splits == 1) {
-      const int packed = static_cast<int>(r0) + r, i = packed / group;
-      const int64_t h = hkv * group + (packed - i * group);
+      const int64_t i = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
       static_cast<Element*>(p.o)[b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head + d] =
           from_float<Element>(value);
     } else {
@@ -64,8 +62,7 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
     const bool seen = total_l > 0.0f;
     if (splits == 1) {
       if (p.lse != nullptr) {
-        const int packed = static_cast<int>(r0) + r, i = packed / group;
-        const int64_t h = hkv * group + (packed - i * group);
+        const int64_t i = (r0 + r) / heads_per_kv, h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
         p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] =
             seen ? max_m + __logf(total_l) : INFINITY;
       }

@@ -156,13 +156,11 @@ __global__ void append_kernel(const KvCacheParams p) {
 struct KeyRange {
   int64_t begin, end;
 };
-// Int: int64_t, or int where the caller knows the keys stay below 2^31 (one 32-bit division
-// instead of a 64-bit subroutine).
-template <int kBlockN, typename Int>
-__device__ __forceinline__ KeyRange split_range(Int lo, Int hi, int split, int splits) {
-  const Int span = hi > lo ? hi - lo : 0;
-  const Int per_split = ((span + splits - 1) / splits + kBlockN - 1) / kBlockN * kBlockN;
-  const Int begin = lo + split * per_split;
+template <int kBlockN>
+__device__ __forceinline__ KeyRange split_range(int64_t lo, int64_t hi, int split, int splits) {
+  const int64_t span = hi > lo ? hi - lo : 0;
+  const int64_t per_split = ((span + splits - 1) / splits + kBlockN - 1) / kBlockN * kBlockN;
+  const int64_t begin = lo + split * per_split;
   return {begin, min(hi, begin + per_split)};
 }
 

@@ -100,25 +100,26 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 // K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix;
 // 13 KiB since the kernel stages Q after issuing its first slabs).
 template <typename Traits, typename Element>
-__device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int b, int hkv, int group,
-                                              int r0, int nrows, float* q_stage) {
+__device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
+                                              int64_t r0, int nrows, float* q_stage) {
   constexpr int kHeadDim = Traits::kHeadDim, kRowStep = Traits::kThreads / kHeadDim;
   constexpr int kRowsPerThread = Traits::kRows / kRowStep;
   static_assert(Traits::kThreads % kHeadDim == 0 && Traits::kRows % kRowStep == 0, "whole rows per pass");
   const int d = threadIdx.x % kHeadDim, r_first = threadIdx.x / kHeadDim;
+  const int heads_per_kv = static_cast<int>(p.heads / p.heads_kv);
   // Packed row r is query (r0 + r) / G, head hkv G + (r0 + r) % G: one division, then steps that
   // move the element offset by a head, or to the next query's first head of the group.
-  int query = (r0 + r_first) / group;
-  int head = r0 + r_first - query * group;
+  int64_t query = (r0 + r_first) / heads_per_kv;
+  int head = static_cast<int>((r0 + r_first) % heads_per_kv);
   const Element* q_group =
-      static_cast<const Element*>(p.q) + b * p.q_layout.batch + int64_t(hkv) * group * p.q_layout.head + d;
+      static_cast<const Element*>(p.q) + b * p.q_layout.batch + hkv * heads_per_kv * p.q_layout.head + d;
   int64_t offset = query * p.q_layout.row + head * p.q_layout.head;
-  const int64_t wrap_step = p.q_layout.row - (group - 1) * p.q_layout.head;
+  const int64_t wrap_step = p.q_layout.row - (heads_per_kv - 1) * p.q_layout.head;
   const bool present = d < p.head_dim;
   auto next_row = [&]() {  // kRowStep packed rows on, without a branch
 #pragma unroll
     for (int step = 0; step < kRowStep; ++step) {
-      const bool wraps = head + 1 == group;
+      const bool wraps = head + 1 == heads_per_kv;
       head = wraps ? 0 : head + 1;
       query += wraps ? 1 : 0;
       offset += wraps ? wrap_step : p.q_layout.head;
@@ -160,21 +161,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
-  // Index math in 32 bits: B * Hkv and the row blocks are grid dimensions (< 2^16), H and the cache
-  // capacity are below 2^31 (checked on the host). Every block runs this once, cold, ahead of its
-  // first copy; a 64-bit division is a subroutine of dozens of instructions, and there were ten.
-  const int heads_kv = static_cast<int>(p.heads_kv);
-  const int group = static_cast<int>(p.heads) / heads_kv;  // G: query heads per kv head
-  const int b = static_cast<int>(blockIdx.z) / heads_kv, hkv = static_cast<int>(blockIdx.z) - b * heads_kv;
-  const int r0 = static_cast<int>(blockIdx.y) * kRows;
-  const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * group - r0));
+  const int64_t b = blockIdx.z / p.heads_kv, hkv = blockIdx.z % p.heads_kv;
+  const int64_t heads_per_kv = p.heads / p.heads_kv;
+  const int64_t r0 = int64_t(blockIdx.y) * kRows;
+  const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
   const CacheRow row = bounded_row(p, b);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
-  const int i_first = r0 / group, i_last = (r0 + nrows - 1) / group;
-  const KeyRange range = split_range<kKeysPerTile>(static_cast<int>(mask.key_begin(i_first)),
-                                                   static_cast<int>(mask.key_end(i_last + 1)), blockIdx.x, gridDim.x);
+  const int64_t i_first = r0 / heads_per_kv, i_last = (r0 + nrows - 1) / heads_per_kv;
+  const KeyRange range = split_range<kKeysPerTile>(mask.key_begin(i_first), mask.key_end(i_last + 1),
+                                                   blockIdx.x, gridDim.x);
   const int keys_begin = static_cast<int>(range.begin), keys_end = static_cast<int>(range.end);
   // Slabs inside [plain_lo, plain_hi) are visible to every row of the block: no mask arithmetic.
   const bool plain_scores = p.softcap <= 0.0f && p.alibi_slopes == nullptr;
@@ -199,19 +196,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   };
   KeyStream streams[kStreams];
   const int base0 = keys_begin + warp * kSlabKeys;
-  // One division for the lane's first stream; stream s is s * kKeysPerCopy keys further, which
-  // wraps into a following page only for pages shorter than that (never in a contiguous cache).
-  const uint32_t position0 = static_cast<uint32_t>(row.leftpad + base0 + lane / kRowChunks);
-  const uint32_t page0 = position0 / page_rows, within0 = position0 - page0 * page_rows;
 #pragma unroll
   for (int s = 0; s < kStreams; ++s) {
     streams[s].key = base0 + s * kKeysPerCopy + lane / kRowChunks;
-    streams[s].page = page0;
-    streams[s].within = within0 + s * kKeysPerCopy;
-    while (streams[s].within >= page_rows) {
-      streams[s].within -= page_rows;
-      ++streams[s].page;
-    }
+    const uint32_t position = static_cast<uint32_t>(row.leftpad + streams[s].key);
+    streams[s].page = position / page_rows;
+    streams[s].within = position % page_rows;
     streams[s].block = block_of(streams[s]);
   }
 
@@ -255,17 +245,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   int key_lo[2], key_hi[2], diagonal[2];
   float slope[2];
   auto stage_query_fragments = [&]() {
-    stage_queries<Traits, Element>(p, row, b, hkv, group, r0, nrows, q_stage);
+    stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows, q_stage);
     __syncthreads();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = g + 8 * half;
-      const int query = (r0 + r) / group;
+      const int64_t query = (r0 + r) / heads_per_kv;
       const bool real = r < nrows;
       key_lo[half] = static_cast<int>(mask.key_begin(query));
       key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
       diagonal[half] = static_cast<int>(query + mask.shift);
-      const int64_t h = hkv * group + (r0 + r - query * group);
+      const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
       slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
 #pragma unroll
       for (int blk = 0; blk < kKeyBlocks; ++blk) {
