@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/element_type.cuh"
@@ -19,6 +21,34 @@ namespace flashattn::cuda::decode {
 inline bool early_launch_allowed() {
   const char* value = std::getenv("FLASHATTN_DECODE_PDL");
   return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// Whether a kernel's code on the current device holds the griddepcontrol wait
+// (PTX of virtual architecture 9.0 or later). Asked once per kernel and device:
+// cudaFuncGetAttributes fills the whole attribute struct, work that every
+// decode call would otherwise repeat for an answer that never changes.
+inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
+  struct Known {
+    const void* kernel;
+    int device;
+    bool holds;
+  };
+  static std::mutex mutex;
+  static std::vector<Known> known;
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (const Known& entry : known) {
+    if (entry.kernel == kernel && entry.device == device) {
+      *holds = entry.holds;
+      return FA_OK;
+    }
+  }
+  cudaFuncAttributes attributes{};
+  FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  *holds = attributes.ptxVersion >= 90;
+  known.push_back({kernel, device, *holds});
+  return FA_OK;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), or with `early` a programmatic dependent launch
@@ -40,9 +70,9 @@ fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   if (early && early_launch_allowed()) {
-    cudaFuncAttributes attributes{};
-    FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.ptxVersion >= 90) {
+    bool holds_wait = false;
+    FA_TRY(holds_grid_dependency_wait(reinterpret_cast<const void*>(kernel), &holds_wait));
+    if (holds_wait) {
       config.attrs = &attribute;
       config.numAttrs = 1;
     }
