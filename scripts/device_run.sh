@@ -10,7 +10,9 @@
 # Environment knobs:
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
 #                                            "python": pip install, pytest on CUDA, bench CLI plots, train_gpt,
-#                                            "profile": ncu on the backward kernel,
+#                                            "profile": ncu on the backward kernel (FA_PROFILE_VARIANTS:
+#                                              comma-separated profile_bwd.py flags; FA_NCU_ARGS: more ncu
+#                                              arguments, e.g. "--section SourceCounters --print-details all"),
 #                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
 #                                            "overhead": host cost of the Python op layer on CUDA,
@@ -209,7 +211,7 @@ if has_stage profile; then
   for variant in "${profile_variants[@]}"; do
     timeout "${FA_PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy ${FA_NCU_ARGS:-} \
       env FLASHATTN_LIB=$PWD/build/libflashattn.so python3 bench/gpu/profile_bwd.py --dim 128 $variant \
       >"$OUT/ncu_${kernel}${variant//[- ]/_}.txt" 2>&1
     note "== ncu $kernel hdim128 $variant: exit $?, $(grep -m1 -E 'Duration' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' '),$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' ')"
