@@ -41,6 +41,12 @@
 
 namespace flashattn::cuda::decode {
 
+// How an mma kernel instance steps a lane's key streams through the cache:
+// one offset per tensor in a contiguous cache; two block lookups per slab in
+// a paged cache of pages at least one slab (16 keys) long, where a lane's
+// streams touch at most two pages; a page and a block per stream otherwise.
+enum class CacheWalk { kContiguous, kLongPages, kShortPages };
+
 template <typename Element, int kHeadDim_>
 struct SplitKvMmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -148,9 +154,9 @@ __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const Cach
 
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
-// kPaged: the cache is paged (p.paged); the contiguous instance steps its key
-// streams with one offset per tensor instead of a page and a block per stream.
-template <typename Traits, typename Element, bool kPaged>
+// kWalk: how the instance steps a lane's key streams through the cache (the host
+// picks it from p.paged and the page size, cache_walk in kvcache_launch.hpp).
+template <typename Traits, typename Element, CacheWalk kWalk>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
   constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kRowBytes = Traits::kRowBytes;
@@ -185,6 +191,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // slab key i * kKeysPerCopy + lane / kRowChunks.
   constexpr int kKeysPerCopy = 32 / kRowChunks;  // keys one warp-wide copy covers, whole rows
   constexpr int kStreams = Traits::kLaneKeys;
+  constexpr int kStreamSpan = (kStreams - 1) * kKeysPerCopy;  // a lane's last stream, rows after its first
+  static_assert(kStreamSpan < kSlabKeys, "a page of kSlabKeys rows holds a lane's streams or splits them once");
+  constexpr bool kPaged = kWalk != CacheWalk::kContiguous, kShortPages = kWalk == CacheWalk::kShortPages;
   const int c_lane = lane % kRowChunks;
   const int base0 = keys_begin + warp * kSlabKeys;
   const Element* k_lane = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * c_lane;
@@ -192,8 +201,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const bool k_chunk = 8 * c_lane < d_count, v_chunk = 8 * c_lane < dv_count;
   auto stage_of = [&](int stage) { return smem + (warp * kStages + stage) * Traits::kStageBytes; };
 
-  // Paged: each stream keeps its page, its row in the page and the page's cache block, stepped
-  // without a division.
+  // Short pages: each stream keeps its page, its row in the page and the page's cache block,
+  // stepped without a division.
   const uint32_t page_rows = kPaged ? static_cast<uint32_t>(p.page_rows) : 1u;
   const uint32_t step_pages = kPaged ? Traits::kKeysPerBlockIter / page_rows : 0u;
   const uint32_t step_within = kPaged ? Traits::kKeysPerBlockIter % page_rows : 0u;
@@ -202,8 +211,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     const int block = __ldg(p.block_table + b * p.block_table_stride + s.page);
     return block >= 0 && block < p.cache_batch ? block : -1;
   };
-  KeyStream streams[kPaged ? kStreams : 1];
-  if constexpr (kPaged) {
+  KeyStream streams[kShortPages ? kStreams : 1];
+  if constexpr (kShortPages) {
 #pragma unroll
     for (int s = 0; s < kStreams; ++s) {
       streams[s].key = base0 + s * kKeysPerCopy + lane / kRowChunks;
@@ -226,12 +235,35 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   }
   const int64_t k_stream_step = kKeysPerCopy * p.k_cache_layout.row;
   const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
+  // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
+  // past that page's end, in the next one: the first stream's page and row, and the cache blocks of
+  // both pages, looked up one step ahead (a key past the split's end looks nothing up, so every
+  // page read is inside the block table).
+  uint32_t first_page = 0, first_within = 0;
+  int block_a = -1, block_b = -1;
+  auto lookup = [&](uint32_t page, int key) -> int {
+    if (key >= keys_end) return -1;
+    const int block = __ldg(p.block_table + b * p.block_table_stride + page);
+    return block >= 0 && block < p.cache_batch ? block : -1;
+  };
+  auto look_up_pages = [&]() {
+    block_a = lookup(first_page, first_key);
+    block_b = first_within + kStreamSpan >= page_rows
+                  ? lookup(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
+                  : -1;
+  };
+  if constexpr (kWalk == CacheWalk::kLongPages) {
+    const uint32_t position = static_cast<uint32_t>(row.leftpad + first_key);
+    first_page = position / page_rows;
+    first_within = position - first_page * page_rows;
+    look_up_pages();
+  }
 
   // Copies the next slab of every stream into `stage` (absent keys and pages: zeros), then steps on.
   auto issue = [&](int stage) {
     unsigned char* k_rows = stage_of(stage);
     unsigned char* v_rows = k_rows + kSlabKeys * kRowBytes;
-    if constexpr (kPaged) {
+    if constexpr (kShortPages) {
 #pragma unroll
       for (int s = 0; s < kStreams; ++s) {
         const KeyStream& st = streams[s];
@@ -257,6 +289,31 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         }
         st.block = block_of(st);
       }
+    } else if constexpr (kWalk == CacheWalk::kLongPages) {
+#pragma unroll
+      for (int s = 0; s < kStreams; ++s) {
+        const uint32_t within = first_within + s * kKeysPerCopy;
+        const bool next_page = within >= page_rows;
+        const int block = next_page ? block_b : block_a;
+        const bool present = block >= 0 && first_key + s * kKeysPerCopy < keys_end;
+        const int64_t row_in_page = next_page ? within - page_rows : within;
+        const int key = s * kKeysPerCopy + lane / kRowChunks;
+        const int64_t k_off =
+            present ? int64_t(block) * p.k_cache_layout.batch + row_in_page * p.k_cache_layout.row : 0;
+        const int64_t v_off =
+            present ? int64_t(block) * p.v_cache_layout.batch + row_in_page * p.v_cache_layout.row : 0;
+        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
+        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
+      }
+      cp_async_commit();
+      first_key += Traits::kKeysPerBlockIter;
+      first_page += step_pages;
+      first_within += step_within;
+      if (first_within >= page_rows) {
+        first_within -= page_rows;
+        ++first_page;
+      }
+      look_up_pages();
     } else {
       const Element* k_src = k_first;
       const Element* v_src = v_first;
