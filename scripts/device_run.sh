@@ -214,7 +214,17 @@ if has_stage profile; then
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy ${FA_NCU_ARGS:-} \
       env FLASHATTN_LIB=$PWD/build/libflashattn.so python3 bench/gpu/profile_bwd.py --dim 128 $variant \
       >"$OUT/ncu_${kernel}${variant//[- ]/_}.txt" 2>&1
-    note "== ncu $kernel hdim128 $variant: exit $?, $(grep -m1 -E 'Duration' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' '),$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' ')"
+    status=$?
+    # FA_NCU_SOURCE=1: per-instruction counts and stall samples (the source page, SASS) as CSV.
+    if [ "${FA_NCU_SOURCE:-0}" = 1 ]; then
+      report=/tmp/ncu_source${variant//[- ]/_}
+      timeout "${FA_PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 \
+        --launch-count 1 --section SourceCounters -f -o "$report" \
+        env FLASHATTN_LIB=$PWD/build/libflashattn.so python3 bench/gpu/profile_bwd.py --dim 128 $variant >/dev/null 2>&1 &&
+        ncu -i "$report.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$OUT/ncu_source${variant//[- ]/_}.csv.gz"
+      note "== ncu source page $variant: exit $?, $(zcat "$OUT/ncu_source${variant//[- ]/_}.csv.gz" | wc -l) lines"
+    fi
+    note "== ncu $kernel hdim128 $variant: exit $status, $(grep -m1 -E 'Duration' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' '),$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu_${kernel}${variant//[- ]/_}.txt" | tr -s ' ')"
   done
 fi
 
