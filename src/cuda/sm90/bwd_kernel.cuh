@@ -25,6 +25,7 @@
 #include <cuda.h>  // CUtensorMap (types only)
 
 #include <cuda/ptx>
+#include <type_traits>
 
 #include "cuda/launch.hpp"           // kSemaphoresPerQueryTile
 #include "cuda/sm80/bwd_kernel.cuh"  // BwdPass, packed_q_row0, red_add_f32x2, semaphores
@@ -316,12 +317,14 @@ struct DqTurn {
   int* semaphore;
   int rank, seen;
 
+  // wg_semaphores: the CTA's DqTurnBase (its first head, query tile 0, this
+  // warpgroup); head_in_group: h minus the CTA's first head.
   template <bool kEveryTileVisits, class Items>
-  __device__ __forceinline__ static DqTurn begin(const sm80::BwdPass& pass, const Items& items, int b, int h,
-                                                 int m_block, int wg) {
+  __device__ __forceinline__ static DqTurn begin(int* wg_semaphores, int semaphore_m_blocks, const Items& items,
+                                                 int head_in_group, int m_block) {
     DqTurn turn;
-    turn.semaphore =
-        sm80::dq_tile_semaphores(pass, b, h - pass.head_begin, m_block) + 2 * items.dq_copy(m_block) + wg;
+    turn.semaphore = wg_semaphores + (head_in_group * semaphore_m_blocks + m_block) * flashattn::cuda::kSemaphoresPerQueryTile +
+                     2 * items.dq_copy(m_block);
     turn.rank = items.template dq_rank<kEveryTileVisits>(m_block);
     turn.seen = threadIdx.x % 32 == 0 ? sm80::load_acquire(turn.semaphore) : 0;
     return turn;
@@ -334,15 +337,45 @@ struct DqTurn {
   }
 };
 
-// One column pair of a dQ add. In deterministic mode the first adder of a
-// (query tile, dQ copy) (rank 0) stores instead, so the host does not zero the
-// accumulator (+1-7 % at 1k, session 9); the convert pass counts a copy that no
-// key tile reached (its semaphore still 0) as zero.
-__device__ __forceinline__ void write_dq_pair(float* address, float a, float b, bool first_adder) {
-  if (first_adder)
-    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(address), "f"(a), "f"(b) : "memory");
-  else
-    sm80::red_add_f32x2(address, a, b);
+// The consumers' copy of the item walk, its mask offset held in a register:
+// the compiler otherwise re-derives it from the parameters (a 64-bit clamp of
+// ~12 instructions) at every item, in the deterministic rank (dq_rank).
+template <class Items>
+__device__ __forceinline__ Items consumer_items(const Items& items) {
+  Items pinned = items;
+  asm volatile("" : "+r"(pinned.end_offset));
+  return pinned;
+}
+
+// Deterministic mode: consumer warpgroup wg's semaphore for query tile 0 of
+// the CTA's first head, once per CTA, so that an item's semaphore is a 32-bit
+// offset from it (a GQA group's tiles are few). Derived per item, the 64-bit
+// index took ~70 instructions between the dQ GEMM's issue and its wait, where
+// the deterministic consumers spent ~10 % of their samples (ncu source
+// counters, hdim 128 16k causal, session 14).
+__device__ __forceinline__ int* dq_turn_base(const sm80::BwdPass& pass, int b, int h_first, int wg) {
+  return pass.semaphores == nullptr ? nullptr : sm80::dq_tile_semaphores(pass, b, h_first - pass.head_begin, 0) + wg;
+}
+
+// One column pair of a dQ add, done where `write` holds. In deterministic
+// mode the first adder of a (query tile, dQ copy) (rank 0) stores instead, so
+// the host does not zero the accumulator (+1-7 % at 1k, session 9); the
+// convert pass counts a copy that no key tile reached (its semaphore still 0)
+// as zero. The callers pass compile-time conditions where they can (whole
+// tiles, the mode of the item): ptxas turns a run-time predicate into a
+// branch around the pair, four instructions per pair and 16 pairs an item.
+__device__ __forceinline__ void write_dq_pair(float* address, float a, float b, bool write, bool first_adder) {
+  asm volatile(
+      "{\n"
+      ".reg .pred write, store, add;\n"
+      "setp.ne.b32 write, %3, 0;\n"
+      "setp.ne.and.b32 store, %4, 0, write;\n"
+      "setp.eq.and.b32 add, %4, 0, write;\n"
+      "@store st.global.v2.f32 [%0], {%1, %2};\n"
+      "@add red.global.add.v2.f32 [%0], {%1, %2};\n"
+      "}\n" ::"l"(address),
+      "f"(a), "f"(b), "r"(static_cast<int>(write)), "r"(static_cast<int>(first_adder))
+      : "memory");
 }
 
 // dK (times the softmax scale) and dV of a consumer's 64 keys x kCols columns
@@ -394,7 +427,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   const MaskPolicy& mask = work.mask;
-  const auto& items = work.items;
+  const auto items = consumer_items(work.items);
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
   // The consumers read the mode from pass at run time, as the launcher set it
   // together with kDeterministic: with the flag folded in, ptxas spilled
@@ -420,12 +453,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
 
   DeferredRelease pending;  // deterministic mode
+  int* const wg_semaphores = dq_turn_base(pass, b, work.h_first, wg);
 
-  // The LSE (log2 units; +inf past the sequence end, so those rows get P = 0)
-  // and delta rows of an item, (2, kBlockM) values: index wtid + 128 s is
-  // row_stat[s]. Each item loads the next item's values while its dQ GEMM
-  // runs, so the global latency hides; they go to this warpgroup's shared
-  // copy it % 2 after the next item issues its GEMMs. That copy was last read
+  // The LSE (+inf past the sequence end, so those rows get P = 0) and delta
+  // rows of an item, (2, kBlockM) values: index wtid + 128 s is row_stat[s].
+  // Each item loads the next item's values while its dQ GEMM runs, so the
+  // global latency hides; they go to this warpgroup's shared copy it % 2
+  // (the LSE in log2 units: converted there, where the load has arrived,
+  // not at the load, where the multiply stalled ~2 % of the consumers'
+  // samples) after the next item issues its GEMMs. That copy was last read
   // two items before, ahead of that item's dS barrier.
   float row_stat[Traits::kRowStatsPerThread];
   auto load_row_stats = [&](int item_h, int item_m_block) {
@@ -435,8 +471,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       const int index = wtid + 128 * s, row = index % kBlockM;
       const bool valid = row < seq.len_q - item_m0;
       if (index < kBlockM)
-        row_stat[s] = valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)] *
-                                  sm80::kLog2e
+        row_stat[s] = valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)]
                             : INFINITY;
       else
         row_stat[s] = valid ? pass.delta[int64_t(item_h) * params.total_q + q_packed0 + item_m0 + row] : 0.0f;
@@ -480,7 +515,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + ((it & 1) * 2 + wg) * 2 * kBlockM;
     float* delta = lse + kBlockM;
 #pragma unroll
-    for (int s = 0; s < Traits::kRowStatsPerThread; ++s) lse[wtid + 128 * s] = row_stat[s];  // delta follows LSE
+    for (int s = 0; s < Traits::kRowStatsPerThread; ++s)  // delta follows LSE
+      lse[wtid + 128 * s] = wtid + 128 * s < kBlockM ? row_stat[s] * sm80::kLog2e : row_stat[s];
     named_barrier_sync(5 + wg, 128);
     pending.release(wg);  // the previous item's dQ adds of this warpgroup
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
@@ -543,7 +579,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                                          kk > 0 ? 1 : 0);
     wgmma_commit();
     DqTurn turn;  // deterministic mode
-    if (deterministic) turn = DqTurn::begin<!Traits::kMaskDiagonal>(pass, items, b, h, m_block, wg);
+    if (deterministic)
+      turn = DqTurn::begin<!Traits::kMaskDiagonal>(wg_semaphores, pass.m_blocks, items, h - work.h_first, m_block);
     int next_h = h, next_m_block = m_block;
     const bool has_next = items.template next<kDeterministic, !Traits::kMaskDiagonal>(next_h, next_m_block);
     if (has_next) load_row_stats(next_h, next_m_block);
@@ -554,28 +591,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query 64 dq_query_block + 16 warp + g + 8 r,
-    // column 64 dq_col_block + 8 j + 2 t + c.
-    float* dq_rows = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
-                     ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
-    const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
-    auto add_dq = [&](bool first_adder) {
+    // column 64 dq_col_block + 8 j + 2 t + c. A pointer to each of the
+    // thread's two rows makes the column pairs j immediate offsets of the
+    // reductions (a 64-bit row product per pair cost ~100 instructions an item).
+    const int query0 = dq_query_block * 64 + warp * 16 + g, col0 = dq_col_block * 64 + 2 * t;
+    float* dq_row0 = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
+                     ((q_packed0 + m0 + query0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim + col0;
+    float* dq_row1 = dq_row0 + int64_t(pass.heads_per_pass) * (8 * kHeadDim);
+    asm volatile("" : "+l"(dq_row0), "+l"(dq_row1));  // whole pointers, not the base added per pair
+    // full: the tile has kBlockM rows and D is kHeadDim, so no pair is out
+    // of bounds (a bounds predicate per pair became a branch around it).
+    auto add_dq = [&](auto full, auto first_adder) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int query = dq_query_block * 64 + warp * 16 + g + 8 * r, col = dq_col_block * 64 + 8 * j + 2 * t;
-          if (query < rows && col < dim)
-            write_dq_pair(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
-                          first_adder);
-        }
+        for (int r = 0; r < 2; ++r)
+          write_dq_pair((r == 0 ? dq_row0 : dq_row1) + 8 * j, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
+                        decltype(full)::value || (query0 + 8 * r < rows && col0 + 8 * j < dim),
+                        decltype(first_adder)::value);
+    };
+    auto add_dq_in_bounds = [&](auto first_adder) {
+      if (rows == kBlockM && dim == kHeadDim)
+        add_dq(std::true_type{}, first_adder);
+      else
+        add_dq(std::false_type{}, first_adder);
     };
     if (!deterministic) {
-      add_dq(false);
+      add_dq_in_bounds(std::false_type{});
     } else {
       // Deterministic: the key tiles of one query tile add in BwdItems' order;
       // the two warpgroups add disjoint blocks.
       turn.wait(pending);
-      add_dq(turn.rank == 0);  // released during the next item (DeferredRelease)
+      if (turn.rank == 0)  // released during the next item (DeferredRelease)
+        add_dq_in_bounds(std::true_type{});
+      else
+        add_dq_in_bounds(std::false_type{});
     }
     if (!has_next) break;
     h = next_h;

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   const auto work = BwdTileWork<Traits>::make(params, pass, b, n_block, slot.kv_head);
   const SequenceBounds& seq = work.seq;
   const MaskPolicy& mask = work.mask;
-  const auto& items = work.items;
+  const auto items = consumer_items(work.items);
   const int n0 = n_block * kBlockN, keys = min(kBlockN, seq.len_k - n0), h_kv = work.h_kv;
   // The consumers read the mode from pass at run time, as the launcher set it
   // together with kDeterministic: with the flag folded in, ptxas spilled
@@ -92,8 +92,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   for (int i = 0; i < 64; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
   DeferredRelease pending;  // deterministic mode
+  int* const wg_semaphores = dq_turn_base(pass, b, work.h_first, wg);
 
-  // The LSE (log2 units; +inf past the sequence end) and delta of this
+  // The LSE (+inf past the sequence end; log2 units once in shared memory) and delta of this
   // consumer's queries of an item: threads 0-31 load an LSE, 32-63 a delta.
   // As in bwd_kernel.cuh, the next item's are loaded during the dQ GEMM and
   // stored to the shared copy it % 2 after the next item issues its GEMMs.
@@ -101,8 +102,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     const int item_m0 = item_m_block * kBlockM, row = query0 + wtid % kQueries;
     const bool valid = row < seq.len_q - item_m0;
     if (wtid < kQueries)
-      return valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)] *
-                         sm80::kLog2e
+      return valid ? params.lse[sm80::row_offset(params.lse_layout, b, seq.q_row0 + item_m0 + row, item_h)]
                    : INFINITY;
     return valid ? pass.delta[int64_t(item_h) * params.total_q + q_packed0 + item_m0 + row] : 0.0f;
   };
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     // Accumulator element acc[4 j + 2 r + c]: key key_in_tile + 8 r, query query0 + 8 j + 2 t + c.
     float* lse = reinterpret_cast<float*>(smem + Traits::kOffsetRowStats) + ((it & 1) * 2 + wg) * 2 * kQueries;
     float* delta = lse + kQueries;
-    if (wtid < 2 * kQueries) lse[wtid] = row_stat;  // lse[kQueries + i] is delta[i]
+    if (wtid < 2 * kQueries) lse[wtid] = wtid < kQueries ? row_stat * sm80::kLog2e : row_stat;  // then delta
     named_barrier_sync(5 + wg, 128);
     pending.release(wg);  // the previous item's dQ adds of this consumer
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
           desc_mn_major(sK_addr + col_block0 * kBlockN * 128 + kk * 16 * 128, kBlockN * 128), kk > 0 ? 1 : 0);
     wgmma_commit();
     DqTurn turn;  // deterministic mode
-    if (deterministic) turn = DqTurn::begin<!Traits::kMaskDiagonal>(pass, items, b, h, m_block, wg);
+    if (deterministic)
+      turn = DqTurn::begin<!Traits::kMaskDiagonal>(wg_semaphores, pass.m_blocks, items, h - work.h_first, m_block);
     int next_h = h, next_m_block = m_block;
     const bool has_next = items.template next<kDeterministic, !Traits::kMaskDiagonal>(next_h, next_m_block);
     if (has_next && wtid < 2 * kQueries) row_stat = load_row_stat(next_h, next_m_block);
@@ -207,9 +208,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&bars->q_empty[stage]);
 
     // Accumulator element acc_dq[4 j + 2 r + c]: query 16 warp + g + 8 r, column 64 col_block0 + 8 j + 2 t + c.
-    float* dq_rows = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
-                     ((q_packed0 + m0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim;
-    const int64_t dq_row_stride = int64_t(pass.heads_per_pass) * kHeadDim;
+    // One pointer per row of the thread: the column pairs are immediate offsets (as in bwd_kernel).
+    const int dq_query0 = warp * 16 + g, col0 = col_block0 * 64 + 2 * t;
+    float* dq_row0 = pass.dq_accum + (deterministic ? items.dq_copy(m_block) * pass.dq_copy_floats : 0) +
+                     ((q_packed0 + m0 + dq_query0) * pass.heads_per_pass + (h - pass.head_begin)) * kHeadDim + col0;
+    float* dq_row1 = dq_row0 + int64_t(pass.heads_per_pass) * (8 * kHeadDim);
+    asm volatile("" : "+l"(dq_row0), "+l"(dq_row1));
     if (deterministic) {
       // The key tiles of one query tile add in BwdItems' order; the two
       // consumers add disjoint columns, each with its own semaphore.
@@ -218,12 +222,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int query = warp * 16 + g + 8 * r, col = col_block0 * 64 + 8 * j + 2 * t;
-        if (query < rows && col < dim)
-          write_dq_pair(dq_rows + query * dq_row_stride + col, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
-                        kDeterministic && turn.rank == 0);
-      }
+      for (int r = 0; r < 2; ++r)
+        write_dq_pair((r == 0 ? dq_row0 : dq_row1) + 8 * j, acc_dq[4 * j + 2 * r], acc_dq[4 * j + 2 * r + 1],
+                      dq_query0 + 8 * r < rows && col0 + 8 * j < dim, kDeterministic && turn.rank == 0);
     if (!has_next) break;
     h = next_h;
     m_block = next_m_block;
