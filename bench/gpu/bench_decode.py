@@ -291,12 +291,11 @@ def main():
                   + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
                      if reference else ""), flush=True)
     result["decode"] = rows
-    result["split_sweep_B1_S32k"] = split_sweep(kv, 1, 32768)
-    result["split_sweep_B8_S4k"] = split_sweep(kv, 8, 4096)
-    result["split_sweep_B1_S4k"] = split_sweep(kv, 1, 4096)
-    print("num_splits sweep B=1 S=32k (ms):", {k: round(v, 4) for k, v in result["split_sweep_B1_S32k"].items()})
-    print("num_splits sweep B=8 S=4k (ms):", {k: round(v, 4) for k, v in result["split_sweep_B8_S4k"].items()})
-    print("num_splits sweep B=1 S=4k (ms):", {k: round(v, 4) for k, v in result["split_sweep_B1_S4k"].items()})
+    for B, S in ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)):
+        name = f"split_sweep_B{B}_S{S // 1024}k"
+        result[name] = split_sweep(kv, B, S)
+        print(f"num_splits sweep B={B} S={S // 1024}k (ms):", {k: round(v, 4) for k, v in result[name].items()},
+              flush=True)
     result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
     print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
     with open(os.path.join(args.out, "bench_decode.json"), "w") as f:

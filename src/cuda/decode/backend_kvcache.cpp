@@ -80,7 +80,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   } else {
     int sm_count = 0;
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
-    const int slots = sm_count * decode::blocks_per_sm(rows, kernel, head_dim_class);
+    const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class);
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
   if (plan->splits > 1) {

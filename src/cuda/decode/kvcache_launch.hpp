@@ -41,6 +41,15 @@ constexpr int blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_clas
   if (kernel == DecodeKernel::kWarp) return rows <= 4 ? 3 : 2;
   return kernel == DecodeKernel::kTiles && head_dim_class > 128 ? 1 : 2;
 }
+// The blocks per SM the split heuristic fills: one for the mma kernel,
+// although two are resident. On the H200 (session 14's sweeps, bf16, hdim
+// 128, 8 KV heads) one block per SM was the fastest split count at B = 1
+// with 4k, 32k and 128k keys and at B = 8 with 4k (2 splits, 46.0 us against
+// 49.7 for the 4 that two blocks per SM chose): a second block shares the
+// SM's issue slots and bandwidth, and the more splits, the longer the combine.
+constexpr int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class) {
+  return kernel == DecodeKernel::kMma ? 1 : blocks_per_sm(rows, kernel, head_dim_class);
+}
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
 // partials of the splits (none when splits == 1).
