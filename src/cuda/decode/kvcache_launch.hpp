@@ -41,14 +41,17 @@ constexpr int blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_clas
   if (kernel == DecodeKernel::kWarp) return rows <= 4 ? 3 : 2;
   return kernel == DecodeKernel::kTiles && head_dim_class > 128 ? 1 : 2;
 }
-// The blocks per SM the split heuristic fills: one for the mma kernel,
-// although two are resident. On the H200 (session 14's sweeps, bf16, hdim
-// 128, 8 KV heads) one block per SM was the fastest split count at B = 1
-// with 4k, 32k and 128k keys and at B = 8 with 4k (2 splits, 46.0 us against
-// 49.7 for the 4 that two blocks per SM chose): a second block shares the
-// SM's issue slots and bandwidth, and the more splits, the longer the combine.
-constexpr int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class) {
-  return kernel == DecodeKernel::kMma ? 1 : blocks_per_sm(rows, kernel, head_dim_class);
+// The blocks per SM the split heuristic fills: for the mma kernel on a
+// contiguous cache one, although two are resident. Session 14's run 5 (H200,
+// bf16, hdim 128, 8 KV heads) timed one block per SM against two: B = 1 with
+// 32k keys 47.7 vs 49.8 us (16 splits against 32), 128k 140.8 vs 146.7,
+// B = 8 with 4k 47.3 vs 50.0 (2 splits against 4), 32k 264.3 vs 270.2, and
+// in its sweeps one block per SM was the fastest count or within 3 % of it.
+// A paged cache keeps two: with one block per SM the page-table reads ahead
+// of each slab had too few warps to hide behind, and paged 16 ran 1.26-1.37x
+// the contiguous time at the same sizes.
+constexpr int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class, bool paged) {
+  return kernel == DecodeKernel::kMma && !paged ? 1 : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
