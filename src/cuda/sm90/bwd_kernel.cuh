@@ -283,37 +283,36 @@ __device__ __forceinline__ void probabilities_to_ds(const float (&p)[kN / 2], fl
     }
 }
 
-// Deterministic mode: a consumer warpgroup hands its dQ adds of an item to
-// its releaser warp (release_dq_turns) at the top of the next item, or after
-// the last: the consumers bar.arrive, the releaser bar.syncs and does the
-// st.release, whose memory barrier waits for the reductions on an otherwise
-// idle warp instead of a consumer (measured: +0-8 % for the deterministic
-// fwd+bwd, dev/sm90_log.md, session 9). The reductions come before the
-// bar.arrive, which synchronizes with the releaser's bar.sync, and st.release
-// is cumulative, so the adds are visible before the semaphore's value. Until
-// session 14 the hand-off waited for the next item's first barrier; placed
-// right after the adds, it made ptxas spill 60-76 B in the hdim-128
-// consumers. A consumer is never two hand-offs ahead of its releaser.
-struct DqHandoff {
+// Deterministic mode: whether a consumer warpgroup has dQ adds its releaser
+// warp has not been told of yet. The hand-off goes out after the next item's
+// first warpgroup barrier (that item's first GEMMs are issued by then) or
+// after the last item; the releaser warp (release_dq_turns) then does the
+// st.release, whose memory barrier stalls an otherwise idle warp instead of a
+// consumer (measured: +0-8 % for the deterministic fwd+bwd, dev/sm90_log.md,
+// session 9). The consumers' reductions come before their bar.arrive, which
+// synchronizes with the releaser's bar.sync, and st.release is cumulative, so
+// the adds are visible before the semaphore's value.
+struct DeferredRelease {
+  bool pending = false;
   int handoffs = 0;
   __device__ __forceinline__ void release(int wg) {
+    if (!pending) return;
     if (handoffs > 0) named_barrier_sync(kTakenBarrier + wg, 160);  // the releaser has passed the previous one
     named_barrier_arrive(kHandoffBarrier + wg, 160);
     ++handoffs;
+    pending = false;
   }
 };
 
 // Deterministic mode: consumer warpgroup wg waits until the key tiles before
 // this one (BwdItems' order) have added their part of query tile m_block of
-// head h into its dQ copy (DqHandoff then passes its own adds on). Each
+// head h into its dQ copy, then arms the release for the next one. Each
 // warpgroup adds a disjoint block of dQ and hands it over with its own
 // semaphore, so neither waits for the other. Lane 0 of each warp polls (each
 // warp acquires for itself, so no warpgroup barrier holds the four warps
 // together: +1-5 % against one poller and a barrier, session 9): the first
 // read goes out with the dQ GEMM (begin), so where the turn has already come
-// its latency hides behind the GEMM; wait() then only checks it. Issued
-// with the item's first GEMMs instead, the first read came too early more
-// often: -3 to -6 % at 16k (session 14, run 4).
+// its latency hides behind the GEMM; wait() then only checks it.
 struct DqTurn {
   int* semaphore;
   int rank, seen;
@@ -330,10 +329,11 @@ struct DqTurn {
     turn.seen = threadIdx.x % 32 == 0 ? sm80::load_acquire(turn.semaphore) : 0;
     return turn;
   }
-  __device__ __forceinline__ void wait() {
+  __device__ __forceinline__ void wait(DeferredRelease& pending) {
     if (threadIdx.x % 32 == 0)
       while (seen != rank) seen = sm80::load_acquire(semaphore);
     __syncwarp();
+    pending.pending = true;
   }
 };
 
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int dq_col_block = Traits::kDqSplitQueries ? 0 : wg;
   const int dq_query_block = Traits::kDqSplitQueries ? wg : 0;
 
-  DqHandoff handoff;  // deterministic mode
+  DeferredRelease pending;  // deterministic mode
   int* const wg_semaphores = dq_turn_base(pass, b, work.h_first, wg);
 
   // The LSE (+inf past the sequence end, so those rows get P = 0) and delta
@@ -483,7 +483,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   for (int it = 0; has_items; ++it) {
     const int stage = it & 1;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
-    if (deterministic && it > 0) handoff.release(wg);  // the previous item's adds
     wait_barrier(&bars->q_full[stage], (it >> 1) & 1);
 
     // S^T = K Q^T and dP^T = V dO^T: (64 keys, kBlockM queries) each.
@@ -519,6 +518,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     for (int s = 0; s < Traits::kRowStatsPerThread; ++s)  // delta follows LSE
       lse[wtid + 128 * s] = wtid + 128 * s < kBlockM ? row_stat[s] * sm80::kLog2e : row_stat[s];
     named_barrier_sync(5 + wg, 128);
+    pending.release(wg);  // the previous item's dQ adds of this warpgroup
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -621,8 +621,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     } else {
       // Deterministic: the key tiles of one query tile add in BwdItems' order;
       // the two warpgroups add disjoint blocks.
-      turn.wait();
-      if (turn.rank == 0)
+      turn.wait(pending);
+      if (turn.rank == 0)  // released during the next item (DeferredRelease)
         add_dq_in_bounds(std::true_type{});
       else
         add_dq_in_bounds(std::false_type{});
@@ -631,7 +631,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     h = next_h;
     m_block = next_m_block;
   }
-  if (deterministic && has_items) handoff.release(wg);  // the last item's adds
+  pending.release(wg);
   store_dk_dv<T, kNO>(params, seq, b, n0, h_kv, keys, key_in_tile, 0, t, acc_dk, acc_dv);
 }
 

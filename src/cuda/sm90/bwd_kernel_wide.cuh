@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
-  DqHandoff handoff;  // deterministic mode
+  DeferredRelease pending;  // deterministic mode
   int* const wg_semaphores = dq_turn_base(pass, b, work.h_first, wg);
 
   // The LSE (+inf past the sequence end; log2 units once in shared memory) and delta of this
@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
   for (int it = 0; has_items; ++it) {
     const int stage = it & 1;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
-    if (deterministic && it > 0) handoff.release(wg);  // the previous item's adds
     wait_barrier(&bars->q_full[stage], (it >> 1) & 1);
 
     // S^T = K Q^T and dP^T = V dO^T: (64 keys, kQueries queries) each, K = 256.
@@ -143,6 +142,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     float* delta = lse + kQueries;
     if (wtid < 2 * kQueries) lse[wtid] = wtid < kQueries ? row_stat * sm80::kLog2e : row_stat;  // then delta
     named_barrier_sync(5 + wg, 128);
+    pending.release(wg);  // the previous item's dQ adds of this consumer
     const bool masked = !mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     if (deterministic) {
       // The key tiles of one query tile add in BwdItems' order; the two
       // consumers add disjoint columns, each with its own semaphore.
-      turn.wait();
+      turn.wait(pending);
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_wide_kernel(const __g
     h = next_h;
     m_block = next_m_block;
   }
-  if (deterministic && has_items) handoff.release(wg);  // the last item's adds
+  pending.release(wg);
   store_dk_dv<T, Traits::kColsPerConsumer>(params, seq, b, n0, h_kv, keys, key_in_tile, col_block0 * 64, t, acc_dk,
                                            acc_dv);
 }
