@@ -122,9 +122,10 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-    auto kernel = !p.paged                           ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
-                  : p.page_rows >= Traits::kSlabKeys ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
-                                                     : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
+    const CacheWalk walk = cache_walk<Traits>(p);
+    auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
+                  : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
+                                                  : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
     FA_TRY(launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, appended, stream));
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;

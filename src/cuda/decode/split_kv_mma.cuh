@@ -152,10 +152,17 @@ __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const Cach
   }
 }
 
+// The instance a call runs: contiguous, or paged with pages of at least one slab, or shorter.
+template <typename Traits>
+constexpr CacheWalk cache_walk(const KvCacheParams& p) {
+  if (!p.paged) return CacheWalk::kContiguous;
+  return p.page_rows >= Traits::kSlabKeys ? CacheWalk::kLongPages : CacheWalk::kShortPages;
+}
+
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 // kWalk: how the instance steps a lane's key streams through the cache (the host
-// picks it from p.paged and the page size, cache_walk in kvcache_launch.hpp).
+// picks it with cache_walk).
 template <typename Traits, typename Element, CacheWalk kWalk>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
@@ -206,9 +213,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t page_rows = kPaged ? static_cast<uint32_t>(p.page_rows) : 1u;
   const uint32_t step_pages = kPaged ? Traits::kKeysPerBlockIter / page_rows : 0u;
   const uint32_t step_within = kPaged ? Traits::kKeysPerBlockIter % page_rows : 0u;
-  auto block_of = [&](const KeyStream& s) -> int {
-    if (s.key >= keys_end) return -1;
-    const int block = __ldg(p.block_table + b * p.block_table_stride + s.page);
+  // The cache block of `page` for a key of this split (-1: past the split's end, which looks
+  // nothing up, so every page read is inside the block table, or an out-of-range block).
+  auto lookup = [&](uint32_t page, int key) -> int {
+    if (key >= keys_end) return -1;
+    const int block = __ldg(p.block_table + b * p.block_table_stride + page);
     return block >= 0 && block < p.cache_batch ? block : -1;
   };
   KeyStream streams[kShortPages ? kStreams : 1];
@@ -219,7 +228,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       const uint32_t position = static_cast<uint32_t>(row.leftpad + streams[s].key);
       streams[s].page = position / page_rows;
       streams[s].within = position % page_rows;
-      streams[s].block = block_of(streams[s]);
+      streams[s].block = lookup(streams[s].page, streams[s].key);
     }
   }
   // Contiguous: the lane's streams lie kKeysPerCopy rows apart in one cache row, so the first
@@ -237,15 +246,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
   // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
   // past that page's end, in the next one: the first stream's page and row, and the cache blocks of
-  // both pages, looked up one step ahead (a key past the split's end looks nothing up, so every
-  // page read is inside the block table).
+  // both pages, looked up one step ahead.
   uint32_t first_page = 0, first_within = 0;
   int block_a = -1, block_b = -1;
-  auto lookup = [&](uint32_t page, int key) -> int {
-    if (key >= keys_end) return -1;
-    const int block = __ldg(p.block_table + b * p.block_table_stride + page);
-    return block >= 0 && block < p.cache_batch ? block : -1;
-  };
   auto look_up_pages = [&]() {
     block_a = lookup(first_page, first_key);
     block_b = first_within + kStreamSpan >= page_rows
@@ -287,7 +290,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
           st.within -= page_rows;
           ++st.page;
         }
-        st.block = block_of(st);
+        st.block = lookup(st.page, st.key);
       }
     } else if constexpr (kWalk == CacheWalk::kLongPages) {
 #pragma unroll
