@@ -41,7 +41,16 @@ using sm80::SequenceBounds;
 // consumer thread still hold S, P and O of 128 keys) or one (64-row tiles,
 // two CTAs per SM, so one CTA's start and end overlap the other's GEMMs); at
 // hdim 128 also one, with 64-key tiles so that two CTAs fit in shared memory.
-template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2>
+// kBlockN_: keys per K/V tile. 128 (64 at hdim 256 and with one consumer at
+// hdim 128) unless asked; 176 for the dense two-consumer hdim-128 kernel
+// (FA3's tile there: each key tile's fixed costs, the row maxima's shuffles,
+// the barriers and the waits, spread over 1.375x the keys; S 88 + O 64 + P 44
+// registers).
+constexpr int default_key_tile(int head_dim, int consumers) {
+  return head_dim <= 64 || (head_dim == 128 && consumers >= 2) ? 128 : 64;
+}
+template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2,
+          int kBlockN_ = default_key_tile(kHeadDim_, kConsumers_)>
 struct FwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256: D and Dv padded up to it
@@ -51,7 +60,12 @@ struct FwdTraits {
   // Registers per consumer thread: S is kBlockN / 2, O kHeadDim / 2, P
   // kBlockN / 4. 128 keys: 64 + 64 + 32 at hdim 128; hdim 256 takes 64 keys
   // (32 + 128 + 16) to stay inside the 240 registers setmaxnreg gives.
-  static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim == 128 && kConsumers_ >= 2) ? 128 : 64;
+  static constexpr int kBlockN = kBlockN_;
+  // Wider key tiles exist for the plain dense kernel, one tile per CTA (no
+  // softcap/ALiBi, persistent or diagonal-mask build).
+  static constexpr bool kWideKeys = kBlockN > default_key_tile(kHeadDim, kConsumers);
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
+  static_assert(!kWideKeys || (kConsumers == 2 && !kMaskDiagonal), "wide key tiles: dense, two consumers");
   static constexpr int kColBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks per row
   static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // N of one P V instruction
   static constexpr int kOChunks = kHeadDim / kNO;
@@ -92,6 +106,12 @@ struct FwdKernelArgs {
   FwdParams params;
   FwdTileOrder order;  // the persistent kernels' tile order; group in every kernel
 };
+
+// How far (log2 units of the scaled score) a key tile's row maximum may rise
+// above the row's reference maximum before the reference moves and O is
+// rescaled (the softmax in fwd_kernel). A constant: read from the kernel's
+// arguments it cost the diagonal-mask kernels up to 160 bytes of spills.
+constexpr float kRescaleSlack = 8.0f;
 
 // Shared-memory bookkeeping: barrier slots after the tiles.
 struct Barriers {
@@ -335,6 +355,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // (fp32, relative to the new row_max); returns each row's correction
     // exp2((old max - new max) * log2_scale) for O, which the caller applies
     // once no P V is in flight.
+    // row_max is a reference, not necessarily the running maximum: it moves
+    // only when the tile's maximum exceeds it by more than kRescaleSlack (scaled,
+    // log2 units), so after the first tiles most corrections are exactly 1 and
+    // the warp skips the rescale of O (its FMULs sat between the wait for P V
+    // and the next GEMMs). O and row_sum share the reference, so O / row_sum and
+    // the LSE are the same quantities; P's entries stay below 2^kRescaleSlack
+    // (256), far inside fp16 and the fp32 sums. Not under v1 (the softcap/ALiBi
+    // kernels): there it cost the hdim-128 diagonal kernel 236 more bytes of spills.
     auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
       if (kExtras || masked) {
 #pragma unroll
@@ -380,7 +408,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float new_max = fmaxf(row_max[r], tile_max[r]);
+        // NaN (both -inf: no key seen yet) and +inf (first visible key) move the reference.
+        const bool keep_reference = kOverlap && (tile_max[r] - row_max[r]) * log2_scale <= kRescaleSlack;
+        const float new_max = keep_reference ? row_max[r] : fmaxf(row_max[r], tile_max[r]);
         // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
         const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
         const float offset = safe_max * log2_scale;
@@ -407,6 +437,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       }
     };
     auto rescale_o = [&](const float (&correction)[2]) {
+      const bool unchanged = correction[0] == 1.0f && correction[1] == 1.0f;
+      if (kOverlap && __all_sync(0xffffffffu, unchanged)) return;
 #pragma unroll
       for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
@@ -534,9 +566,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
         first_step(n_block, std::true_type{});
       --n_block;
     }
-    for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
-    for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
-    for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
+    // Without a diagonal mask only the last key tile (the sequence's end) can
+    // be partial, and v2 / v3 peeled it above: no masked loop is compiled (the
+    // 176-key kernel spilled in them, as cold as they were).
+    constexpr bool kMaskedSteps = Traits::kMaskDiagonal || !kOverlap;
+    if constexpr (kMaskedSteps)
+      for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
+    for (; n_block >= n_block_min && (!kMaskedSteps || visible_tile(n_block)); --n_block)
+      step(n_block, std::false_type{});
+    if constexpr (Traits::kMaskDiagonal)
+      for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
     // Every S GEMM of the tile has completed: the producer may load the next
     // tile's Q while the last P V and the epilogue run.
     if constexpr (kPersistent) release(&bars->q_empty);
