@@ -92,14 +92,6 @@ if has_stage bench; then
   tail -5 "$OUT/bench_stderr.log" >>"$SUMMARY"
 fi
 
-# Issue 5's forward table (N = 1k, 4k, 8k, 16k): ours, one tile per CTA and persistent, FA2, cuDNN.
-if has_stage fwdtable; then
-  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_FWDTABLE_TIMEOUT:-200}" \
-    python3 bench/gpu/bench_gpu.py --out "$OUT" --fwd-only --sm90-persistent-ab ${FA_FWDTABLE_ARGS:-} \
-    >"$OUT/bench_fwd_table.txt" 2>>"$OUT/bench_stderr.log"
-  note "== forward table exit $?"
-fi
-
 # A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
 # previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
 # classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16; FA_REFERENCE_ARGS, more
@@ -124,6 +116,16 @@ if has_stage reference; then
     note "== reference A/B: exit $?, $(( $(date +%s) - start )) s"
     cp /tmp/reference_bench/bench_gpu.json "$OUT/bench_gpu_reference.json"
   fi
+fi
+
+# Issue 5's forward table (N = 1k, 4k, 8k, 16k): ours, one tile per CTA and persistent, FA2, cuDNN, and
+# build-ref's default forward when the reference stage built it in this call (column ref).
+if has_stage fwdtable; then
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_FWDTABLE_TIMEOUT:-200}" \
+    python3 bench/gpu/bench_gpu.py --out "$OUT" --fwd-only --sm90-persistent-ab ${FA_FWDTABLE_ARGS:-} \
+    $(has_stage reference && [ -f build-ref/libflashattn.so ] && echo --reference-lib build-ref/libflashattn.so) \
+    >"$OUT/bench_fwd_table.txt" 2>>"$OUT/bench_stderr.log"
+  note "== forward table exit $?"
 fi
 
 # Variants of this tree (FA_VARIANTS="label:-DNAME=VALUE ...", e.g. a development switch): each is

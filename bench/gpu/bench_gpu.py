@@ -236,8 +236,9 @@ for _variant in os.environ.get("FA_BENCH_ENV_VARIANTS", "").split():
     VARIANTS["ours_" + _label] = {_name: _value}
 
 
-def bench_forward(fa, dtypes, dims, lengths, results, log):
-    """Forward only: our VARIANTS, torch FA2, cuDNN; max |O - O_FA2| of each variant (NaN-poisoned output first)."""
+def bench_forward(fa, dtypes, dims, lengths, results, log, reference=None):
+    """Forward only: our VARIANTS, torch FA2, cuDNN; max |O - O_FA2| of each variant (NaN-poisoned output first).
+    reference: a second FlashAttn (another build of this library), its default forward timed as "ref"."""
     for dtype in dtypes:
         for D in dims:
             for N in lengths:
@@ -265,6 +266,10 @@ def bench_forward(fa, dtypes, dims, lengths, results, log):
                         for key, value in env.items():
                             run = with_env(run, key, value)
                         group[name] = run
+                    ref_ours = None
+                    if reference is not None:
+                        ref_ours = Ours(reference, q, k, v, q, causal)
+                        group["ref"] = ref_ours.fwd
                     for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         def run(backend=backend):
                             with sdpa_kernel(backend), torch.no_grad():
@@ -278,7 +283,7 @@ def bench_forward(fa, dtypes, dims, lengths, results, log):
                     results.append(row)
                     log.write(json.dumps(row) + "\n")
                     log.flush()
-                    del ours
+                    del ours, ref_ours
                 del q, k, v, qt, kt, vt
                 torch.cuda.empty_cache()
 
@@ -297,9 +302,10 @@ def print_forward(summary, results):
         def ratio(other):
             return f"{best / r[other]:.2f}" if r.get(other) else "-"
         diffs = " ".join(f"{r['max_diff_vs_fa2' + n[4:]]:.1e}" for n in names)
+        ref = f" | ref {fmt(r['ref'])} ours/ref {r['ours'] / r['ref']:.2f}" if r.get("ref") and r.get("ours") else ""
         print(f"{r['dtype']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} | {r['path']} | "
               + " ".join(fmt(r[n]) for n in names) + f" {fmt(r['fa2'])} {fmt(r['cudnn'])} | {ratio('cudnn')} "
-              f"{ratio('fa2')} {best / mm:.2f} | {diffs}")
+              f"{ratio('fa2')} {best / mm:.2f} | {diffs}{ref}")
 
 
 def peak_memory(fa, N=131072, H=16, D=128):
@@ -410,7 +416,8 @@ def main():
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes.split(",")]
     dims = [int(d) for d in args.dims.split(",")]
     if args.fwd_only:
-        bench_forward(fa, dtypes, dims, [int(n) for n in args.lengths.split(",")], results, log)
+        reference = FlashAttn(args.reference_lib) if args.reference_lib else None
+        bench_forward(fa, dtypes, dims, [int(n) for n in args.lengths.split(",")], results, log, reference)
         summary["results"] = results
         with open(os.path.join(args.out, "bench_gpu_fwd.json"), "w") as f:
             json.dump(summary, f, indent=1)
