@@ -262,17 +262,6 @@ int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mas
   return consumers == 1 && sm90_forward_persistent(params, head_dim_class, mask_diagonal) ? 2 : consumers;
 }
 
-// FA3's key tile at hdim 128 (176 keys: 22 n8 groups of S per thread row)
-// for the plain dense kernel; the softcap/ALiBi, persistent and diagonal-mask
-// kernels keep 128. Measured: session 15 (BENCHMARKS.md).
-int sm90_forward_key_tile(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
-  if (head_dim_class != 128 || mask_diagonal || params.softcap > 0.0f || params.alibi_slopes != nullptr) return 0;
-  if (sm90_schedule_override() != 0 || sm90_forward_consumers(params, head_dim_class, mask_diagonal) != 2) return 0;
-  if (sm90_forward_persistent(params, head_dim_class, mask_diagonal)) return 0;
-  const char* forced = std::getenv("FLASHATTN_SM90_FWD_KEYS");
-  return forced != nullptr && std::strcmp(forced, "128") == 0 ? 0 : 176;
-}
-
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes) {
   static std::atomic<int> cached_sms[64], cached_l2[64];
   if (device_index < 0 || device_index >= 64)

@@ -77,11 +77,6 @@ int sm90_schedule_override();
 // count; never for softcap/ALiBi or schedule v1). The launcher and
 // fa_fwd_kernel_path both ask this.
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal);
-// Keys per K/V tile of the sm90 forward's two-consumer kernels: 176 for the
-// plain dense class-128 kernel when it runs one tile per CTA at the default
-// schedule (FLASHATTN_SM90_FWD_KEYS=128 keeps 128 for an A/B), else 0 (the
-// class's default tile).
-int sm90_forward_key_tile(const FwdParams& params, int head_dim_class, bool mask_diagonal);
 // Multiprocessor count and L2 size in bytes of a device (cached after the first query).
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes);
 

@@ -134,28 +134,13 @@ TEST_P(GpuForwardOneConsumer128, MatchesReference) {
   check_with("1", false);
 }
 
-// The dense class-128 forward one tile per CTA (FLASHATTN_SM90_PERSISTENT=0):
-// 176-key tiles by default, 128-key tiles with FLASHATTN_SM90_FWD_KEYS=128.
-// Cases with a mask, softcap or ALiBi run their usual kernels; elsewhere than
-// Hopper both repeat GpuForward.
-class GpuForwardKeyTiles : public ::testing::TestWithParam<Case> {};
-
-TEST_P(GpuForwardKeyTiles, BothTilesMatchReference) {
-  FA_GPU_TEST_OR_SKIP();
-  const ScopedEnv one_tile_per_cta("FLASHATTN_SM90_PERSISTENT", "0");
-  check_forward(GetParam());
-  if (HasFatalFailure()) return;
-  const ScopedEnv keys("FLASHATTN_SM90_FWD_KEYS", "128");
-  check_forward(GetParam());
-}
-
 // Scores that rise key tile after key tile in the order the kernels walk them
 // (from the last key tile to the first): K's rows scaled by 1 at the last key
 // up to 24 at the first, so the row maxima climb by several log2 units per
 // tile and the softmax's reference maximum (kRescaleSlack, sm90/fwd_kernel.cuh)
 // is kept over some tiles and moved at others. Every head-dim class, fp16 and
-// bf16, one tile per CTA (at class 128 with 176- and 128-key tiles) and
-// persistent; elsewhere than Hopper the same call three times.
+// bf16, with and without a causal mask, one tile per CTA and persistent;
+// elsewhere than Hopper the same call twice.
 class GpuRescaleSlack : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuRescaleSlack, RisingScoresMatchReference) {
@@ -168,11 +153,9 @@ TEST_P(GpuRescaleSlack, RisingScoresMatchReference) {
     const int64_t key = (i / row_elements) % keys;
     p.k.set(i, p.k.get(i) * (1.0 + 23.0 * double(keys - 1 - key) / double(keys - 1)));
   }
-  const std::pair<const char*, const char*> kernels[] = {{"0", "176"}, {"0", "128"}, {"1", "176"}};
-  for (const auto& [persistent, key_tile] : kernels) {
-    SCOPED_TRACE(std::string("FLASHATTN_SM90_PERSISTENT=") + persistent + " FLASHATTN_SM90_FWD_KEYS=" + key_tile);
-    const ScopedEnv one_tile_per_cta("FLASHATTN_SM90_PERSISTENT", persistent);
-    const ScopedEnv keys_per_tile("FLASHATTN_SM90_FWD_KEYS", key_tile);
+  for (const char* persistent : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLASHATTN_SM90_PERSISTENT=") + persistent);
+    const ScopedEnv kernel("FLASHATTN_SM90_PERSISTENT", persistent);
     p.poison_outputs();
     DeviceMirror mirror(p);
     run_forward(mirror, p);
@@ -186,13 +169,16 @@ TEST_P(GpuRescaleSlack, RisingScoresMatchReference) {
 std::vector<Case> rising_score_cases() {
   std::vector<Case> cases;
   for (const fa_dtype dtype : {FA_DTYPE_FP16, FA_DTYPE_BF16})
-    for (const int64_t d : {64, 128, 256}) {
-      Case c;
-      c.name = std::string(dtype == FA_DTYPE_FP16 ? "fp16" : "bf16") + "_rising_d" + std::to_string(d);
-      c.dtype = dtype;
-      c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 300, c.Sk = 3000, c.D = d, c.Dv = d;
-      cases.push_back(c);
-    }
+    for (const int64_t d : {64, 128, 256})
+      for (const bool causal : {false, true}) {
+        Case c;
+        c.name = std::string(dtype == FA_DTYPE_FP16 ? "fp16" : "bf16") + "_rising_d" + std::to_string(d) +
+                 (causal ? "_causal" : "");
+        c.dtype = dtype;
+        c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 300, c.Sk = 3000, c.D = d, c.Dv = d;
+        c.causal = causal;
+        cases.push_back(c);
+      }
   return cases;
 }
 
@@ -245,10 +231,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardOneConsumer128,
                          ::testing::ValuesIn(head_dim_cases(gpu_cases(fast_cases()), 64, 128)), param_name);
 INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardOneConsumer128,
                          ::testing::ValuesIn(head_dim_cases(many_tile_cases(), 64, 128)), param_name);
-INSTANTIATE_TEST_SUITE_P(Cases, GpuForwardKeyTiles,
-                         ::testing::ValuesIn(head_dim_cases(gpu_cases(fast_cases()), 64, 128)), param_name);
-INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForwardKeyTiles, ::testing::ValuesIn(head_dim_cases(many_tile_cases(), 64, 128)),
-                         param_name);
 INSTANTIATE_TEST_SUITE_P(Cases, GpuRescaleSlack, ::testing::ValuesIn(rising_score_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuForward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);
 INSTANTIATE_TEST_SUITE_P(SlowCases, GpuBackward, ::testing::ValuesIn(gpu_cases(slow_cases())), param_name);

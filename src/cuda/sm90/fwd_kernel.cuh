@@ -41,16 +41,7 @@ using sm80::SequenceBounds;
 // consumer thread still hold S, P and O of 128 keys) or one (64-row tiles,
 // two CTAs per SM, so one CTA's start and end overlap the other's GEMMs); at
 // hdim 128 also one, with 64-key tiles so that two CTAs fit in shared memory.
-// kBlockN_: keys per K/V tile. 128 (64 at hdim 256 and with one consumer at
-// hdim 128) unless asked; 176 for the dense two-consumer hdim-128 kernel
-// (FA3's tile there: each key tile's fixed costs, the row maxima's shuffles,
-// the barriers and the waits, spread over 1.375x the keys; S 88 + O 64 + P 44
-// registers).
-constexpr int default_key_tile(int head_dim, int consumers) {
-  return head_dim <= 64 || (head_dim == 128 && consumers >= 2) ? 128 : 64;
-}
-template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2,
-          int kBlockN_ = default_key_tile(kHeadDim_, kConsumers_)>
+template <typename T_, int kHeadDim_, bool kMaskDiagonal_, int kConsumers_ = 2>
 struct FwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256: D and Dv padded up to it
@@ -60,12 +51,9 @@ struct FwdTraits {
   // Registers per consumer thread: S is kBlockN / 2, O kHeadDim / 2, P
   // kBlockN / 4. 128 keys: 64 + 64 + 32 at hdim 128; hdim 256 takes 64 keys
   // (32 + 128 + 16) to stay inside the 240 registers setmaxnreg gives.
-  static constexpr int kBlockN = kBlockN_;
-  // Wider key tiles exist for the plain dense kernel, one tile per CTA (no
-  // softcap/ALiBi, persistent or diagonal-mask build).
-  static constexpr bool kWideKeys = kBlockN > default_key_tile(kHeadDim, kConsumers);
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
-  static_assert(!kWideKeys || (kConsumers == 2 && !kMaskDiagonal), "wide key tiles: dense, two consumers");
+  // (FA3's 176 keys at hdim 128, 88 + 64 + 44 registers, ran 5-7 % slower
+  // than 128 on the H200: session 15, dev/sm90_log.md.)
+  static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim == 128 && kConsumers_ >= 2) ? 128 : 64;
   static constexpr int kColBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks per row
   static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // N of one P V instruction
   static constexpr int kOChunks = kHeadDim / kNO;
@@ -272,6 +260,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   };
   const SmemAddresses hoisted_addresses = operand_addresses();
   constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
+  // The conditional rescale (the softmax below), where the H200 measured it
+  // faster (session 15): the dense v2 / v3 kernels (+2-6 % at 8k-16k) and the
+  // hdim-256 diagonal one (+3-8 %, and its 52 bytes of spills gone); the
+  // hdim-64 and 128 diagonal kernels ran 2-9 % slower with it, the v1
+  // (softcap/ALiBi) ones spilled up to 236 bytes more.
+  constexpr bool kConditionalRescale = kOverlap && (!Traits::kMaskDiagonal || kHeadDim == 256);
   // Key tiles consumed so far (stage it % 2, phase (it / 2) % 2) and Q tiles
   // so far (phase q_it % 2): both run on across the CTA's tiles, as the producer's.
   int it = 0, q_it = 0;
@@ -361,8 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // the warp skips the rescale of O (its FMULs sat between the wait for P V
     // and the next GEMMs). O and row_sum share the reference, so O / row_sum and
     // the LSE are the same quantities; P's entries stay below 2^kRescaleSlack
-    // (256), far inside fp16 and the fp32 sums. Not under v1 (the softcap/ALiBi
-    // kernels): there it cost the hdim-128 diagonal kernel 236 more bytes of spills.
+    // (256), far inside fp16 and the fp32 sums. Only where kConditionalRescale.
     auto softmax = [&](float (&acc_s)[kBlockN / 2], int n0, bool masked, float (&correction)[2]) {
       if (kExtras || masked) {
 #pragma unroll
@@ -409,7 +402,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // NaN (both -inf: no key seen yet) and +inf (first visible key) move the reference.
-        const bool keep_reference = kOverlap && (tile_max[r] - row_max[r]) * log2_scale <= kRescaleSlack;
+        const bool keep_reference = kConditionalRescale && (tile_max[r] - row_max[r]) * log2_scale <= kRescaleSlack;
         const float new_max = keep_reference ? row_max[r] : fmaxf(row_max[r], tile_max[r]);
         // A row that has seen only masked keys keeps row_max = -inf: offset 0, p = 0.
         const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
@@ -438,7 +431,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     };
     auto rescale_o = [&](const float (&correction)[2]) {
       const bool unchanged = correction[0] == 1.0f && correction[1] == 1.0f;
-      if (kOverlap && __all_sync(0xffffffffu, unchanged)) return;
+      if (kConditionalRescale && __all_sync(0xffffffffu, unchanged)) return;
 #pragma unroll
       for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
@@ -567,8 +560,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       --n_block;
     }
     // Without a diagonal mask only the last key tile (the sequence's end) can
-    // be partial, and v2 / v3 peeled it above: no masked loop is compiled (the
-    // 176-key kernel spilled in them, as cold as they were).
+    // be partial, and v2 / v3 peeled it above: no masked loop is compiled.
     constexpr bool kMaskedSteps = Traits::kMaskDiagonal || !kOverlap;
     if constexpr (kMaskedSteps)
       for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});

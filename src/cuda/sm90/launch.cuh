@@ -82,17 +82,12 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   const bool persistent = sm90_forward_persistent(params, kHeadDim, Traits::kMaskDiagonal);
   if (persistent && (extras || schedule == 1 || Traits::kConsumers == 1))
     return fail(FA_ERROR_INTERNAL, "sm90 forward: no persistent kernel for schedule v%d or softcap / ALiBi", schedule);
-  if constexpr (Traits::kWideKeys) {
-    if (persistent || extras || schedule != kPlainSchedule)
-      return fail(FA_ERROR_INTERNAL, "sm90 forward: %d-key tiles only for the plain kernel, one tile per CTA",
-                  Traits::kBlockN);
-  }
   // The kernels of this unit: plain and softcap/ALiBi, one tile per CTA, at
   // every compiled schedule; plain persistent at schedules 2 and 3.
   auto pick = [&](auto extras_tag, auto persistent_tag) {
     constexpr bool kExtras = decltype(extras_tag)::value, kPersistent = decltype(persistent_tag)::value;
     static_assert(!(kExtras && kPersistent), "softcap / ALiBi run one tile per CTA");
-    if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES && Traits::kConsumers == 2 && !Traits::kWideKeys) {
+    if constexpr (FLASHATTN_CUDA_SM90_ALL_SCHEDULES && Traits::kConsumers == 2) {
       if constexpr (kPersistent)
         return schedule == 3 ? sm90::fwd_kernel<Traits, false, 3, true> : sm90::fwd_kernel<Traits, false, 2, true>;
       else
@@ -104,7 +99,7 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     }
   };
   if (persistent) {
-    if constexpr (Traits::kConsumers != 1 && !Traits::kWideKeys) {  // (checked above)
+    if constexpr (Traits::kConsumers != 1) {  // no persistent kernel with one consumer (checked above)
       int multiprocessors = 0, l2_bytes = 0;
       FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
       args.order = make_tile_order(params, l2_bytes, Traits::kBlockM);
@@ -119,7 +114,7 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.heads),
                     static_cast<unsigned>(params.batch));
     auto kernel = pick(std::false_type{}, std::false_type{});
-    if constexpr (Traits::kConsumers == 2 && !Traits::kWideKeys) {  // softcap / ALiBi: two consumers, default tile
+    if constexpr (Traits::kConsumers == 2) {  // softcap / ALiBi kernels exist with two consumers only
       if (extras) kernel = pick(std::true_type{}, std::false_type{});
     }
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -139,10 +134,6 @@ fa_status run_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   } else if constexpr (kHeadDim == 128) {
     if (sm90_forward_consumers(params, kHeadDim, kMaskDiagonal) == 1)
       return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 1>>(params, stream);
-    if constexpr (!kMaskDiagonal) {
-      if (sm90_forward_key_tile(params, kHeadDim, kMaskDiagonal) == 176)
-        return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, false, 2, 176>>(params, stream);
-    }
   }
   return launch_fwd_sm90<sm90::FwdTraits<T, kHeadDim, kMaskDiagonal, 2>>(params, stream);
 }
