@@ -35,17 +35,12 @@
 #pragma once
 
 #include "cuda/decode/block_merge.cuh"
+#include "cuda/decode/cache_walk.hpp"
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashattn::cuda::decode {
-
-// How an mma kernel instance steps a lane's key streams through the cache:
-// one offset per tensor in a contiguous cache; two block lookups per slab in
-// a paged cache of pages at least one slab (16 keys) long, where a lane's
-// streams touch at most two pages; a page and a block per stream otherwise.
-enum class CacheWalk { kContiguous, kLongPages, kShortPages };
 
 template <typename Element, int kHeadDim_>
 struct SplitKvMmaTraits {
@@ -53,7 +48,7 @@ struct SplitKvMmaTraits {
   static constexpr int kRows = 16;  // M of the mma: packed query rows per block
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kSlabKeys = 16;                  // keys per warp step: the k of P V
+  static constexpr int kSlabKeys = kMmaSlabKeys;        // keys per warp step: the k of P V
   static constexpr int kKeyBlocks = kHeadDim / 32;      // S: chunks a lane reads per key (n-tile)
   static constexpr int kValueHalves = kHeadDim / 64;    // P V: chunks a lane reads per key
   static constexpr int kOutTiles = 8 * kValueHalves;    // n-tiles of 8 output dims
@@ -152,17 +147,10 @@ __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const Cach
   }
 }
 
-// The instance a call runs: contiguous, or paged with pages of at least one slab, or shorter.
-template <typename Traits>
-constexpr CacheWalk cache_walk(const KvCacheParams& p) {
-  if (!p.paged) return CacheWalk::kContiguous;
-  return p.page_rows >= Traits::kSlabKeys ? CacheWalk::kLongPages : CacheWalk::kShortPages;
-}
-
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 // kWalk: how the instance steps a lane's key streams through the cache (the host
-// picks it with cache_walk).
+// picks it with cache_walk, cache_walk.hpp).
 template <typename Traits, typename Element, CacheWalk kWalk>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
