@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     std::barrier<> bar(128); emu::block_barrier = &bar;
     std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
     std::vector<std::thread> threads;
-    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (mma && cache_walk<MmaTraits>(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk<MmaTraits>(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
+    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
     for (auto& th : threads) th.join();
   }
   if (splits > 1) {

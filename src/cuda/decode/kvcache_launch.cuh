@@ -122,7 +122,7 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-    const CacheWalk walk = cache_walk<Traits>(p);
+    const CacheWalk walk = cache_walk(p);
     auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
                   : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
                                                   : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
