@@ -9,8 +9,7 @@ Timing: CUDA graphs of several calls (no launch or Python overhead in the number
 of reps. Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
 reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
-launch of the decode kernels), an A/B of that launch in one process; paged16_two_per_sm_ms: paged 16 again
-with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=2 (the split count of sessions 13-14; paged16_ms takes the default).
+launch of the decode kernels), an A/B of that launch in one process.
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
@@ -99,23 +98,17 @@ def eager_time_ms(fns, reps=5):
 
 
 @contextlib.contextmanager
-def environment(name, value):
-    """os.environ[name] = value for the calls (and captures) inside: the library reads its FLASHATTN_DECODE_*
-    variables per call. Make the calls' closures inside too: their workspace is sized when they are made."""
-    previous = os.environ.get(name)
-    os.environ[name] = value
+def plain_stream_order():
+    """FLASHATTN_DECODE_PDL=0 for the calls (and captures) inside: the library reads it per call."""
+    previous = os.environ.get("FLASHATTN_DECODE_PDL")
+    os.environ["FLASHATTN_DECODE_PDL"] = "0"
     try:
         yield
     finally:
         if previous is None:
-            del os.environ[name]
+            del os.environ["FLASHATTN_DECODE_PDL"]
         else:
-            os.environ[name] = previous
-
-
-def plain_stream_order():
-    """FLASHATTN_DECODE_PDL=0: the decode kernels in plain stream order."""
-    return environment("FLASHATTN_DECODE_PDL", "0")
+            os.environ["FLASHATTN_DECODE_PDL"] = previous
 
 
 def graph_time_ms(fns, reps=5):
@@ -196,17 +189,13 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
                                              vh[:1].float().repeat_interleave(H // Hkv, 1))
         row["max_abs_err_vs_fp32"] = (out[:1].transpose(1, 2).float() - ref).abs().max().item()
     if paged:
-        paged_args = []
+        paged_fns = []
         for q, k, v, o in caches:
             k_pages, v_pages, table = make_paged(k, v, 16)
-            paged_args.append((q, k_pages, v_pages, o, table))
-        row["paged16_ms"] = graph_time_ms(
-            [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
+            paged_fns.append(kv.call(q, k_pages, v_pages, o, seqlens, block_table=table))
+        row["paged16_ms"] = graph_time_ms(paged_fns)
         row["paged16_vs_contig"] = row["paged16_ms"] / row["ours_ms"]
-        with environment("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM", "2"):  # the split count of sessions 13-14
-            row["paged16_two_per_sm_ms"] = graph_time_ms(
-                [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
-        del paged_args, k_pages, v_pages
+        del paged_fns, k_pages, v_pages
     if sdpa:
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
                               ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
@@ -297,8 +286,7 @@ def main():
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
                   f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
-                  f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
-                  f"(two blocks per SM x{row.get('paged16_two_per_sm_ms', 0) / row['ours_ms']:.3f}), "
+                  f"paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
                   + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
                      if reference else ""), flush=True)

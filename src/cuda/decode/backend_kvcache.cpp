@@ -50,8 +50,7 @@ int kvcache_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
 // splits (22.0 us in session 9's sweep, some splits with three tiles); 16 splits of
 // four tiles took 19.3 us, the best of that sweep, since each block's fixed cost
 // outweighs a tile (dev/kvcache_decode.md). slots: the SMs times
-// split_blocks_per_sm (one mma block per SM on a contiguous cache since session 14, and
-// on pages of at least 16 rows since session 15).
+// split_blocks_per_sm (one mma block per SM on a contiguous cache since session 14).
 int choose_splits(int64_t blocks, int64_t capacity, int slots) {
   const int64_t max_by_keys = std::max<int64_t>(1, capacity / (4 * decode::kKeysPerTile));
   const int max_splits = static_cast<int>(std::min<int64_t>({kMaxSplits, max_by_keys, slots}));
@@ -82,7 +81,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   } else {
     int sm_count = 0;
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
-    const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, decode::cache_walk(p));
+    const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
   if (plan->splits > 1) {
