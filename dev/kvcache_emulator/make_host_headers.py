@@ -1,6 +1,6 @@
 """Turns the CUDA decode headers into host C++ for the emulator (see run.sh).
 
-cp.async becomes a plain 16- or 4-byte copy (or zero fill), extern shared arrays point at the emulated
+cp.async becomes a plain 16-byte copy (or zero fill), extern shared arrays point at the emulated
 block's shared memory, CUDA includes are dropped, mma.sync comes from mma_shim.hpp; everything else
 is compiled as written.
 usage: python3 make_host_headers.py SRC_DIR OUT_DIR
@@ -14,9 +14,6 @@ a = kk.index("__device__ __forceinline__ void cp_async_16")
 b = kk.index("__device__ __forceinline__ float warp_max")
 kk = kk[:a] + """inline void cp_async_16(void* smem, const void* gmem, bool valid) {
   if (valid) std::memcpy(smem, gmem, 16); else std::memset(smem, 0, 16);
-}
-inline void cp_async_4(void* smem, const void* gmem, bool valid) {
-  if (valid) std::memcpy(smem, gmem, 4); else std::memset(smem, 0, 4);
 }
 inline void cp_async_commit() {}
 template <int kPending> inline void cp_async_wait() {}

@@ -62,17 +62,11 @@ struct SplitKvMmaTraits {
   static_assert(kHeadDim % 64 == 0, "the dim orders above need 64-dim halves");
   static_assert(kKeysPerBlockIter == kKeysPerTile, "splits come in whole block steps");
   // Ring (kWarps, kStages, kStageBytes): 96 KiB at hdim 128, 2 blocks per SM; then Q staged as fp32
-  // (kRows, kHeadDim) for the fragments; then the block-table slots of the long-pages walk
-  // (kWarps, kStages, 32 lanes, 2 entries): 3 KiB at hdim 128, 4 KiB at 64, unused by the other
-  // walks and too small to change the resident blocks (H200: 2 at hdim 128, 3 at 64). The ring
-  // becomes the merge buffer after the loop.
+  // (kRows, kHeadDim) for the fragments. The ring becomes the merge buffer after the loop.
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }
   static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
-  static constexpr size_t table_bytes() { return size_t(kWarps) * kStages * 32 * 2 * sizeof(int); }
   static constexpr size_t merge_bytes() { return BlockStates<kWarps, kRows, kHeadDim>::bytes(); }
-  static constexpr size_t q_offset() { return ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes(); }
-  static constexpr size_t table_offset() { return q_offset() + q_bytes(); }
-  static constexpr size_t smem_bytes() { return table_offset() + table_bytes(); }
+  static constexpr size_t smem_bytes() { return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes(); }
 };
 
 // Where one lane's key of a stream is in a paged cache, advanced slab step by
@@ -165,7 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr int kRowChunks = Traits::kRowChunks, kStages = Traits::kStages, kSlabKeys = Traits::kSlabKeys;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* q_stage = reinterpret_cast<float*>(smem + Traits::q_offset());  // (kRows, kHeadDim)
+  float* q_stage = reinterpret_cast<float*>(smem + Traits::smem_bytes() - Traits::q_bytes());  // (kRows, kHeadDim)
   wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -239,47 +233,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int64_t k_stream_step = kKeysPerCopy * p.k_cache_layout.row;
   const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
   // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
-  // past that page's end, in the next one, so a step needs the first stream's row in its page and
-  // the cache blocks of the two pages. Those two block-table entries travel through the cp.async
-  // ring, kStages steps ahead: issue() of step s copies the entries of step s + kStages into this
-  // lane's table slots of stage s % kStages, where issue() of step s + kStages finds them; the
-  // group of step s has landed by then (the wait of turn s, one turn before that issue), so no
-  // issue waits on the block table. Read into registers one step ahead (v10), the entries were
-  // checked right after their load, and the warp stalled there for the table's round trip every
-  // step: with one block per SM, paged 16 took 1.26-1.37x the contiguous time (session 14 run 5).
-  // The entries of the first kStages steps are copied before the loop, one round trip for all.
-  uint32_t first_within = 0;                   // issue cursor: the first stream's row in its page
-  int ahead_key = first_key;                   // lookup cursor, kStages steps past the issue cursor
-  uint32_t ahead_page = 0, ahead_within = 0;
-  int* const table_slots = reinterpret_cast<int*>(smem + Traits::table_offset()) + (warp * kStages * 32 + lane) * 2;
-  auto slots_of = [&](int stage) { return table_slots + stage * 32 * 2; };  // (block of the page, of the next)
-  auto step_on = [&](uint32_t& within) -> uint32_t {  // one step of a cursor; returns the pages it moved
-    within += step_within;
-    const bool carry = within >= page_rows;
-    if (carry) within -= page_rows;
-    return step_pages + (carry ? 1u : 0u);
-  };
-  // Zero-filled where nothing is read (keys past the split's end, no next page): no stream whose
-  // key is inside the split uses such an entry, and issue() checks the key of each stream.
-  auto copy_table_entries = [&](int stage) {
-    const int* row_entries = p.block_table + b * p.block_table_stride;
-    const int next_key = ahead_key + static_cast<int>(page_rows - ahead_within);
-    const bool read_a = ahead_key < keys_end;
-    const bool read_b = ahead_within + kStreamSpan >= page_rows && next_key < keys_end;
-    cp_async_4(slots_of(stage), read_a ? row_entries + ahead_page : p.block_table, read_a);
-    cp_async_4(slots_of(stage) + 1, read_b ? row_entries + ahead_page + 1 : p.block_table, read_b);
-    ahead_key += Traits::kKeysPerBlockIter;
-    ahead_page += step_on(ahead_within);
+  // past that page's end, in the next one: the first stream's page and row, and the cache blocks of
+  // both pages, looked up one step ahead.
+  uint32_t first_page = 0, first_within = 0;
+  int block_a = -1, block_b = -1;
+  auto look_up_pages = [&]() {
+    block_a = lookup(first_page, first_key);
+    block_b = first_within + kStreamSpan >= page_rows
+                  ? lookup(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
+                  : -1;
   };
   if constexpr (kWalk == CacheWalk::kLongPages) {
     const uint32_t position = static_cast<uint32_t>(row.leftpad + first_key);
-    ahead_page = position / page_rows;
-    ahead_within = position - ahead_page * page_rows;
-    first_within = ahead_within;
-#pragma unroll
-    for (int stage = 0; stage < kStages; ++stage) copy_table_entries(stage);
-    cp_async_commit();
-    cp_async_wait<0>();  // before the loop's groups: its wait counts stay as they were
+    first_page = position / page_rows;
+    first_within = position - first_page * page_rows;
+    look_up_pages();
   }
 
   // Copies the next slab of every stream into `stage` (absent keys and pages: zeros), then steps on.
@@ -313,9 +281,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         st.block = lookup(st.page, st.key);
       }
     } else if constexpr (kWalk == CacheWalk::kLongPages) {
-      // An entry outside the cache's blocks reads as absent, as lookup() has it.
-      auto checked = [&](int block) { return block >= 0 && block < p.cache_batch ? block : -1; };
-      const int block_a = checked(slots_of(stage)[0]), block_b = checked(slots_of(stage)[1]);
 #pragma unroll
       for (int s = 0; s < kStreams; ++s) {
         const uint32_t within = first_within + s * kKeysPerCopy;
@@ -331,12 +296,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
         cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
       }
-      // Then the entries of step s + kStages into the slots just read: the copies above took their
-      // addresses from those reads, so the reads are done before this copy can write.
-      copy_table_entries(stage);
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
-      step_on(first_within);
+      first_page += step_pages;
+      first_within += step_within;
+      if (first_within >= page_rows) {
+        first_within -= page_rows;
+        ++first_page;
+      }
+      look_up_pages();
     } else {
       const Element* k_src = k_first;
       const Element* v_src = v_first;
