@@ -221,14 +221,18 @@ int sm90_schedule_override() {
 // running on across tiles, src/cuda/sm90/tile_scheduler.cuh) is built for the
 // plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
 // per CTA. FLASHATTN_SM90_PERSISTENT=1 turns it on per call, =0 off (A/B in
-// one process). Default: class 128 without a mask and with at most 1,024 keys,
-// where each tile is short and the next tile's Q/K loads, issued during this
-// one's epilogue, save most of a CTA's serial start and end. Measured on the
-// H200 (session 13, runs 1 and 2, same rounds, 16k tokens): 1k keys 1.08-1.09x one
-// tile per CTA (bf16 508 vs 470 and 497 vs 460, fp16 514 vs 474 and 519 vs
-// 482 TFLOP/s), 4k equal (0.99-1.00x), 8k-16k 0.94-0.97x; at classes 64 and
-// 256 it trails one tile per CTA at every length (BENCHMARKS.md).
-constexpr int64_t kSm90PersistentMaxKeys = 1024;
+// one process). Default, without a mask only (under a causal mask it trails
+// one tile per CTA at every class and length):
+// - class 128 up to 1,024 keys, where each tile is short and the next tile's
+//   Q/K loads, issued during this one's epilogue, save most of a CTA's serial
+//   start and end: session 13 (runs 1-2) 1.08-1.09x one tile per CTA at 1k,
+//   equal at 4k, 0.94-0.97x at 8k-16k;
+// - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
+//   conditional rescale (session 15, runs 1-2, same rounds) persistent / tile
+//   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.00x at
+//   8k-16k; at class 256 0.95-0.98x with 1k keys, 1.03-1.07x at 4k-16k.
+constexpr int64_t kSm90PersistentMaxKeys128 = 1024, kSm90PersistentMaxKeys64 = 4096,
+                  kSm90PersistentMinKeys256 = 2049;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
@@ -238,7 +242,10 @@ bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool m
   if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
   if (std::getenv("FLASHATTN_SM90_FWD_CONSUMERS") != nullptr) return false;  // the consumer count asked for
-  return head_dim_class == 128 && !mask_diagonal && params.seqlen_k <= kSm90PersistentMaxKeys;
+  if (mask_diagonal) return false;
+  if (head_dim_class == 64) return params.seqlen_k <= kSm90PersistentMaxKeys64;
+  if (head_dim_class == 128) return params.seqlen_k <= kSm90PersistentMaxKeys128;
+  return head_dim_class == 256 && params.seqlen_k >= kSm90PersistentMinKeys256;
 }
 
 // Consumer warpgroups of the sm90 forward, measured on the H200 (BENCHMARKS.md,

@@ -98,10 +98,10 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 }
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
-// measured faster: head-dim class 128 (D up to 128 above 64), no mask, at most
-// 1,024 keys; one tile per CTA elsewhere, and wherever a consumer count is
-// asked for.
-TEST(GpuKernelPath, PersistentByDefaultForShortUnmaskedRowsAtClass128) {
+// measured faster, always without a mask: head-dim class 64 up to 4,096 keys,
+// class 128 (D up to 128 above 64) up to 1,024, class 256 from 2,049 on; one
+// tile per CTA elsewhere, and wherever a consumer count is asked for.
+TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   FA_GPU_TEST_OR_SKIP();
   if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
   for (const char* name : {"FLASHATTN_CUDA_FWD", "FLASHATTN_SM90_PERSISTENT", "FLASHATTN_SM90_SCHEDULE",
@@ -116,8 +116,10 @@ TEST(GpuKernelPath, PersistentByDefaultForShortUnmaskedRowsAtClass128) {
   const Shape shapes[] = {
       {128, 1024, false, -1, "cuda-sm90-persistent"}, {96, 300, false, -1, "cuda-sm90-persistent"},
       {128, 1025, false, -1, "cuda-sm90"},            {128, 1024, true, -1, "cuda-sm90"},
-      {128, 512, false, 64, "cuda-sm90"},             {64, 1024, false, -1, "cuda-sm90"},
-      {256, 1024, false, -1, "cuda-sm90"},
+      {128, 512, false, 64, "cuda-sm90"},             {64, 4096, false, -1, "cuda-sm90-persistent"},
+      {64, 4097, false, -1, "cuda-sm90"},             {64, 1024, true, -1, "cuda-sm90"},
+      {256, 2048, false, -1, "cuda-sm90"},            {256, 2049, false, -1, "cuda-sm90-persistent"},
+      {256, 4096, true, -1, "cuda-sm90"},
   };
   for (const Shape& shape : shapes) {
     Case c;

@@ -1,7 +1,6 @@
-// Which instance of the mma decode kernel (split_kv_mma.cuh) a call runs. The
-// host needs it twice: to launch the instance and, in the split heuristic, to
-// know how many blocks per SM that instance keeps busy (kvcache_launch.hpp).
-// Plain C++, so that the CPU emulator (dev/kvcache_emulator) shares it.
+// Which instance of the mma decode kernel (split_kv_mma.cuh) a call runs: the
+// launcher picks the instance with it (kvcache_launch.cuh). Plain C++, so that
+// the CPU emulator (dev/kvcache_emulator) and a host-side heuristic can share it.
 #pragma once
 
 #include "common/kvcache_params.hpp"
