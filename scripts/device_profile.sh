@@ -8,7 +8,10 @@
 #   FA_PROFILE="decode bwd fwd"   which kernels to profile
 #   FA_HEADDIMS="64;128"           head-dim classes to compile
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
-#   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes
+#   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes (also
+#                                  b8_32k_s2, b8_32k_p16_s2: B = 8, 32k keys, two splits = one block per SM,
+#                                  contiguous and paged 16)
+#   FA_FWD_CASES="fwd128 fwd64"    which forward shapes (also fwd128_4k, fwd128_causal_4k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fa_out}
@@ -46,14 +49,21 @@ if has decode; then
   decode_case b8_128k && profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
   decode_case b1_4k && profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
   decode_case combine_b1_4k && profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
+  decode_case b8_32k_s2 && profile decode_b8_32k_s2 split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --splits 2
+  decode_case b8_32k_p16_s2 && profile decode_b8_32k_p16_s2 split_kv \
+    python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --paged 16 --splits 2
 fi
 if has bwd; then
   profile bwd128 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
   profile bwd64 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 64
 fi
+fwd_case() { [[ " ${FA_FWD_CASES:-fwd128 fwd64} " == *" $1 "* ]]; }
 if has fwd; then
-  profile fwd128 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
-  profile fwd64 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 64
+  fwd_case fwd128 && profile fwd128 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128
+  fwd_case fwd64 && profile fwd64 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 64
+  fwd_case fwd128_4k && profile fwd128_4k 'sm90::fwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128 --seqlen 4096
+  fwd_case fwd128_causal_4k && profile fwd128_causal_4k 'sm90::fwd_kernel' \
+    python3 bench/gpu/profile_bwd.py --dim 128 --seqlen 4096 --causal
 fi
 grep -E "registers|spill" "$OUT/ncu/build.log" | grep -B1 -E " [1-9][0-9]* bytes spill" | head -10 >>"$SUMMARY"
 
