@@ -221,8 +221,7 @@ int sm90_schedule_override() {
 // running on across tiles, src/cuda/sm90/tile_scheduler.cuh) is built for the
 // plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
 // per CTA. FLASHATTN_SM90_PERSISTENT=1 turns it on per call, =0 off (A/B in
-// one process). Default, without a mask only (under a causal mask it trails
-// one tile per CTA at every class and length):
+// one process). Default:
 // - class 128 up to 1,024 keys, where each tile is short and the next tile's
 //   Q/K loads, issued during this one's epilogue, save most of a CTA's serial
 //   start and end: session 13 (runs 1-2) 1.08-1.09x one tile per CTA at 1k,
@@ -230,9 +229,13 @@ int sm90_schedule_override() {
 // - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
 //   conditional rescale (session 15, runs 1-2, same rounds) persistent / tile
 //   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.00x at
-//   8k-16k; at class 256 0.95-0.98x with 1k keys, 1.03-1.07x at 4k-16k.
+//   8k-16k; at class 256 0.95-0.98x with 1k keys, 1.03-1.07x at 4k-16k;
+// - causal (no left window) at class 128 with more than 1,024 queries (below,
+//   one consumer per CTA runs) and up to 8,192 keys: session 15, runs 1-3,
+//   1.02-1.05x at 2k-8k, 0.86-0.87x at 16k. Under a causal mask at classes 64
+//   and 256 and under sliding windows it trails or was not measured.
 constexpr int64_t kSm90PersistentMaxKeys128 = 1024, kSm90PersistentMaxKeys64 = 4096,
-                  kSm90PersistentMinKeys256 = 2049;
+                  kSm90PersistentMinKeys256 = 2049, kSm90PersistentMaxKeysCausal128 = 8192;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
@@ -242,7 +245,11 @@ bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool m
   if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
   if (std::getenv("FLASHATTN_SM90_FWD_CONSUMERS") != nullptr) return false;  // the consumer count asked for
-  if (mask_diagonal) return false;
+  if (mask_diagonal) {
+    const bool causal = params.window_left < 0 && params.window_right == 0;
+    return causal && head_dim_class == 128 && params.seqlen_q > 1024 &&
+           params.seqlen_k <= kSm90PersistentMaxKeysCausal128;
+  }
   if (head_dim_class == 64) return params.seqlen_k <= kSm90PersistentMaxKeys64;
   if (head_dim_class == 128) return params.seqlen_k <= kSm90PersistentMaxKeys128;
   return head_dim_class == 256 && params.seqlen_k >= kSm90PersistentMinKeys256;

@@ -98,9 +98,10 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 }
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
-// measured faster, always without a mask: head-dim class 64 up to 4,096 keys,
-// class 128 (D up to 128 above 64) up to 1,024, class 256 from 2,049 on; one
-// tile per CTA elsewhere, and wherever a consumer count is asked for.
+// measured faster: without a mask at head-dim class 64 up to 4,096 keys, class
+// 128 (D up to 128 above 64) up to 1,024, class 256 from 2,049 on; causal at
+// class 128 with more than 1,024 queries and up to 8,192 keys; one tile per
+// CTA elsewhere, and wherever a consumer count is asked for.
 TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   FA_GPU_TEST_OR_SKIP();
   if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
@@ -108,18 +109,20 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
                            "FLASHATTN_SM90_FWD_CONSUMERS"})
     if (std::getenv(name) != nullptr) GTEST_SKIP() << name << " is set: it overrides the default";
   struct Shape {
-    int64_t D, Sk;
+    int64_t D, Sq, Sk;
     bool causal;
     int32_t window_left;
     const char* expected;
   };
   const Shape shapes[] = {
-      {128, 1024, false, -1, "cuda-sm90-persistent"}, {96, 300, false, -1, "cuda-sm90-persistent"},
-      {128, 1025, false, -1, "cuda-sm90"},            {128, 1024, true, -1, "cuda-sm90"},
-      {128, 512, false, 64, "cuda-sm90"},             {64, 4096, false, -1, "cuda-sm90-persistent"},
-      {64, 4097, false, -1, "cuda-sm90"},             {64, 1024, true, -1, "cuda-sm90"},
-      {256, 2048, false, -1, "cuda-sm90"},            {256, 2049, false, -1, "cuda-sm90-persistent"},
-      {256, 4096, true, -1, "cuda-sm90"},
+      {128, 256, 1024, false, -1, "cuda-sm90-persistent"},  {96, 256, 300, false, -1, "cuda-sm90-persistent"},
+      {128, 256, 1025, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
+      {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
+      {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
+      {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
+      {256, 256, 4096, true, -1, "cuda-sm90"},              {128, 1025, 1025, true, -1, "cuda-sm90-persistent"},
+      {128, 1024, 4096, true, -1, "cuda-sm90"},             {128, 2048, 8192, true, -1, "cuda-sm90-persistent"},
+      {128, 2048, 8193, true, -1, "cuda-sm90"},             {128, 2048, 4096, true, 512, "cuda-sm90"},
   };
   for (const Shape& shape : shapes) {
     Case c;
@@ -128,7 +131,7 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
     c.B = 2;
     c.H = 4;
     c.Hkv = 2;
-    c.Sq = 256;
+    c.Sq = shape.Sq;
     c.Sk = shape.Sk;
     c.D = c.Dv = shape.D;
     c.causal = shape.causal;
@@ -139,7 +142,8 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
     const fa_fwd_args args = mirror.fwd_args();
     const char* path = fa_fwd_kernel_path(&args);
     ASSERT_NE(path, nullptr) << fa_last_error();
-    EXPECT_STREQ(path, shape.expected) << "D " << shape.D << ", Sk " << shape.Sk << (shape.causal ? ", causal" : "")
+    EXPECT_STREQ(path, shape.expected) << "D " << shape.D << ", Sq " << shape.Sq << ", Sk " << shape.Sk
+                                       << (shape.causal ? ", causal" : "")
                                        << ", window_left " << shape.window_left;
     if (std::string(shape.expected) == "cuda-sm90-persistent") {
       const ScopedEnv one("FLASHATTN_SM90_FWD_CONSUMERS", "2");
