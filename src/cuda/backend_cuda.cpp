@@ -222,10 +222,10 @@ int sm90_schedule_override() {
 // plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
 // per CTA. FLASHATTN_SM90_PERSISTENT=1 turns it on per call, =0 off (A/B in
 // one process). Default:
-// - class 128 up to 1,024 keys, where each tile is short and the next tile's
+// - class 128 up to 2,048 keys, where each tile is short and the next tile's
 //   Q/K loads, issued during this one's epilogue, save most of a CTA's serial
 //   start and end: session 13 (runs 1-2) 1.08-1.09x one tile per CTA at 1k,
-//   equal at 4k, 0.94-0.97x at 8k-16k;
+//   equal at 4k, 0.94-0.97x at 8k-16k; session 15 (runs 3 and 5) 1.03-1.04x at 2k;
 // - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
 //   conditional rescale (session 15, runs 1-2, same rounds) persistent / tile
 //   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.00x at
@@ -234,7 +234,7 @@ int sm90_schedule_override() {
 //   one consumer per CTA runs) and up to 8,192 keys: session 15, runs 1-3,
 //   1.02-1.05x at 2k-8k, 0.86-0.87x at 16k. Under a causal mask at classes 64
 //   and 256 and under sliding windows it trails or was not measured.
-constexpr int64_t kSm90PersistentMaxKeys128 = 1024, kSm90PersistentMaxKeys64 = 4096,
+constexpr int64_t kSm90PersistentMaxKeys128 = 2048, kSm90PersistentMaxKeys64 = 4096,
                   kSm90PersistentMinKeys256 = 2049, kSm90PersistentMaxKeysCausal128 = 8192;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {

@@ -99,7 +99,7 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
 // measured faster: without a mask at head-dim class 64 up to 4,096 keys, class
-// 128 (D up to 128 above 64) up to 1,024, class 256 from 2,049 on; causal at
+// 128 (D up to 128 above 64) up to 2,048, class 256 from 2,049 on; causal at
 // class 128 with more than 1,024 queries and up to 8,192 keys; one tile per
 // CTA elsewhere, and wherever a consumer count is asked for.
 TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
@@ -116,7 +116,8 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   };
   const Shape shapes[] = {
       {128, 256, 1024, false, -1, "cuda-sm90-persistent"},  {96, 256, 300, false, -1, "cuda-sm90-persistent"},
-      {128, 256, 1025, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
+      {128, 256, 2049, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
+      {128, 256, 2048, false, -1, "cuda-sm90-persistent"},
       {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
       {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
       {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
