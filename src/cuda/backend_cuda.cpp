@@ -227,12 +227,12 @@ int sm90_schedule_override() {
 //   start and end: session 13 (runs 1-2) 1.08-1.09x one tile per CTA at 1k,
 //   equal at 4k, 0.94-0.97x at 8k-16k; session 15 (runs 3 and 5) 1.03-1.04x at 2k;
 // - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
-//   conditional rescale (session 15, runs 1-2, same rounds) persistent / tile
-//   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.00x at
-//   8k-16k; at class 256 0.95-0.98x with 1k keys, 1.03-1.07x at 4k-16k;
+//   conditional rescale (session 15, runs 1-3, same rounds) persistent / tile
+//   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.01x at
+//   8k-16k; at class 256 0.97-0.98x with 1k keys, 1.02-1.06x at 4k-16k;
 // - causal (no left window) at class 128 with more than 1,024 queries (below,
 //   one consumer per CTA runs) and up to 8,192 keys: session 15, runs 1-3,
-//   1.02-1.05x at 2k-8k, 0.86-0.87x at 16k. Under a causal mask at classes 64
+//   1.01-1.05x at 2k-8k, 0.86-0.91x at 16k. Under a causal mask at classes 64
 //   and 256 and under sliding windows it trails or was not measured.
 constexpr int64_t kSm90PersistentMaxKeys128 = 2048, kSm90PersistentMaxKeys64 = 4096,
                   kSm90PersistentMinKeys256 = 2049, kSm90PersistentMaxKeysCausal128 = 8192;
