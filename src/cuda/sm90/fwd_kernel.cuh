@@ -361,17 +361,24 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int64_t i = m0 + row_in_tile + 8 * r;
+          // Row i sees keys [key_begin(i), key_end(i + 1)): as offsets from this
+          // thread's first column (n0 + 2 t), clamped to the tile, the test of
+          // each element is two 32-bit compares with a constant (the 64-bit
+          // mask.visible per element cost the 3-consumer hdim-64 diagonal
+          // kernel 80 bytes of spills).
+          const int64_t column0 = n0 + 2 * t;
+          const int64_t begin = Traits::kMaskDiagonal ? mask.key_begin(i) : 0;
+          const int64_t end = Traits::kMaskDiagonal ? mask.key_end(i + 1) : seq.len_k;
+          const int first_visible = static_cast<int>(min(max(begin - column0, int64_t(0)), int64_t(kBlockN)));
+          const int end_visible = static_cast<int>(min(max(end - column0, int64_t(0)), int64_t(kBlockN)));
 #pragma unroll
           for (int ni = 0; ni < kNTilesS; ++ni) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              const int64_t j = n0 + ni * 8 + 2 * t + c;
               float& s = acc_s[ni * 4 + r * 2 + c];
-              if constexpr (kExtras) s = transform.apply(s, mask, i, j);
-              if (masked) {
-                const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
-                if (!visible) s = -INFINITY;
-              }
+              if constexpr (kExtras) s = transform.apply(s, mask, i, column0 + ni * 8 + c);
+              const int offset = ni * 8 + c;
+              if (masked && (offset < first_visible || offset >= end_visible)) s = -INFINITY;
             }
           }
         }
