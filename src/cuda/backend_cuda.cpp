@@ -260,16 +260,25 @@ bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool m
 // mask three (192-row tiles, as FA3): +8-27 % over two at every N, the softmax
 // of one warpgroup overlapping the GEMMs of two; with one, one (64-row tiles,
 // two CTAs per SM): +7-10 % over two at every N. Three under a diagonal mask
-// trail one at every N (0.71x of two at 1k; its diagonal kernel spills 80
-// bytes). Hdim 128 (session 12, run 2, same process): one (64 x 64 tiles, two
-// CTAs per SM) under a diagonal mask up to 1k queries, +13 % over two there
-// (short rows: one CTA's start and end hide behind the other's GEMMs), but
-// 0.78-0.92x of two at 4k-16k and without a mask; two elsewhere.
+// trailed one at every N while its diagonal kernel spilled 80 bytes (0.71x of
+// two at 1k); since it spills none, it leads at long causal rows (below).
+// Hdim 128 (session 12, run 2, same process): one (64 x 64 tiles, two CTAs per
+// SM) under a diagonal mask up to 1k queries, +13 % over two there (short
+// rows: one CTA's start and end hide behind the other's GEMMs), but 0.78-0.92x
+// of two at 4k-16k and without a mask; two elsewhere.
+// Hdim 64 under a diagonal mask with no left window: three from 4,097 queries
+// on (session 16, run 1, once the masked tiles' compares were 32-bit and the
+// three-consumer diagonal kernel stopped spilling): 1.05-1.08x one at 8k and
+// 16k, 0.98-1.01x at 4k, 0.84-0.99x at 1k-2k.
+constexpr int64_t kSm90ThreeConsumersMinCausalQueries64 = 4096;
+
 int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() != 0) return 2;
   if (head_dim_class != 64 && head_dim_class != 128) return 2;
   const char* forced = std::getenv("FLASHATTN_SM90_FWD_CONSUMERS");
-  int consumers = head_dim_class == 64 ? (mask_diagonal ? 1 : 3) : (mask_diagonal && params.seqlen_q <= 1024 ? 1 : 2);
+  const bool long_causal_rows = params.window_left < 0 && params.seqlen_q > kSm90ThreeConsumersMinCausalQueries64;
+  int consumers = head_dim_class == 64 ? (mask_diagonal && !long_causal_rows ? 1 : 3)
+                                       : (mask_diagonal && params.seqlen_q <= 1024 ? 1 : 2);
   if (forced != nullptr && std::strcmp(forced, "3") == 0 && head_dim_class == 64) consumers = 3;
   if (forced != nullptr && std::strcmp(forced, "2") == 0) consumers = 2;
   if (forced != nullptr && std::strcmp(forced, "1") == 0) consumers = 1;

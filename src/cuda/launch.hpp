@@ -64,8 +64,9 @@ constexpr int kSm90FwdBlockM = 64;
 // class 64 also 3 (192-row tiles) or 1 (64-row tiles, two CTAs per SM, one
 // tile per CTA), at class 128 also 1 (64-row, 64-key tiles, two CTAs per SM);
 // FLASHATTN_SM90_FWD_CONSUMERS=1|2|3 picks per call, else the default: at class
-// 64, 1 for the diagonal-mask kernels and 3 for the dense ones; at class 128, 1
-// for the diagonal-mask kernels up to 1024 queries; 2 elsewhere.
+// 64, 3 for the dense kernels and 1 for the diagonal-mask ones (3 without a
+// left window above 4,096 queries); at class 128, 1 for the diagonal-mask
+// kernels up to 1024 queries; 2 elsewhere.
 // Always 2 with softcap / ALiBi or a schedule override, and 1 becomes 2 when
 // the persistent kernel runs.
 int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mask_diagonal);
