@@ -46,6 +46,27 @@ struct MaskPolicy {
     return end > seqlen_k ? seqlen_k : end;
   }
 
+  // The queries i >= 0 that see key j: [query_begin(j), query_end(j)), empty
+  // when the first is not below the second (visible(i, j) exactly there).
+  FA_HOST_DEVICE int64_t query_begin(int64_t j) const {
+    if (j < 0 || j >= seqlen_k || window_right < 0) return 0;
+    const int64_t begin = j - shift - window_right;
+    return begin < 0 ? 0 : begin;
+  }
+  FA_HOST_DEVICE int64_t query_end(int64_t j) const {
+    if (j < 0 || j >= seqlen_k) return 0;
+    return window_left >= 0 ? j - shift + window_left + 1 : kUnbounded;
+  }
+  static constexpr int64_t kUnbounded = INT64_MAX / 2;
+
+  // A bound of a visible range as an offset from base, clamped to [0, width]:
+  // kernels test an element at offset e < width of a tile row against two of
+  // these with 32-bit compares instead of calling visible() with 64-bit indices.
+  FA_HOST_DEVICE static int offset_in_tile(int64_t bound, int64_t base, int width) {
+    const int64_t offset = bound - base;
+    return offset < 0 ? 0 : offset > width ? width : static_cast<int>(offset);
+  }
+
   // True when every (i, j) of the tile is visible, so the tile runs unmasked.
   FA_HOST_DEVICE bool tile_fully_visible(int64_t row_begin, int64_t row_end, int64_t col_begin,
                                          int64_t col_end) const {

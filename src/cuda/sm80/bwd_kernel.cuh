@@ -314,6 +314,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // the softcap derivative 1 - tanh^2 when a softcap is set.
 #pragma unroll
     for (int mi = 0; mi < Traits::kSMTiles; ++mi) {
+      // Masked items: each of the thread's two keys of this m16 tile sees a range
+      // of queries; as offsets from its first query column, two 32-bit compares.
+      constexpr int kQueryColumns = Traits::kSNTiles * 8;
+      const int64_t column0 = m0 + s_query0 + 2 * t;
+      int first_visible[2] = {0, 0}, end_visible[2] = {kQueryColumns, kQueryColumns};
+      if constexpr (kMasked) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int64_t j = n0 + s_key0 + mi * 16 + g + half * 8;
+          if constexpr (Traits::kMaskDiagonal) {
+            first_visible[half] = MaskPolicy::offset_in_tile(mask.query_begin(j), column0, kQueryColumns);
+            end_visible[half] = MaskPolicy::offset_in_tile(mask.query_end(j), column0, kQueryColumns);
+          } else {
+            end_visible[half] = j < seq.len_k ? kQueryColumns : 0;
+          }
+        }
+      }
 #pragma unroll
       for (int ni = 0; ni < Traits::kSNTiles; ++ni) {
 #pragma unroll
@@ -334,8 +351,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           float p = exp2_approx(s * log2_scale - lse[query]);
           if constexpr (kMasked) {
-            const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
-            if (!visible) p = 0.0f;
+            const int offset = ni * 8 + (e & 1);
+            if (offset < first_visible[e >> 1] || offset >= end_visible[e >> 1]) p = 0.0f;
           }
           float dp = acc_dp[mi][ni][e], p_dropped = p;
           if (kExtras && dropout) {

@@ -134,19 +134,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t i = m0 + warp_row0 + mi * 16 + g + r * 8;
+        // Row i sees keys [key_begin(i), key_end(i + 1)): as offsets from the
+        // thread's first column, each element is two 32-bit compares.
+        const int64_t column0 = n0 + 2 * t;
+        const int first_visible =
+            Traits::kMaskDiagonal ? MaskPolicy::offset_in_tile(mask.key_begin(i), column0, kBlockN) : 0;
+        const int end_visible =
+            MaskPolicy::offset_in_tile(Traits::kMaskDiagonal ? mask.key_end(i + 1) : seq.len_k, column0, kBlockN);
         float tile_max = -INFINITY;
 #pragma unroll
         for (int ni = 0; ni < kNTilesS; ++ni) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int64_t j = n0 + ni * 8 + 2 * t + c;
             float& s = acc_s[mi][ni][r * 2 + c];
             if constexpr (kExtras) {
-              if (transform.active) s = transform.apply(s, mask, i, j);
+              if (transform.active) s = transform.apply(s, mask, i, column0 + ni * 8 + c);
             }
             if constexpr (kMasked) {
-              const bool visible = Traits::kMaskDiagonal ? mask.visible(i, j) : j < seq.len_k;
-              if (!visible) s = -INFINITY;
+              const int offset = ni * 8 + c;
+              if (offset < first_visible || offset >= end_visible) s = -INFINITY;
             }
             tile_max = fmaxf(tile_max, s);
           }

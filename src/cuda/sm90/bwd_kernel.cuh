@@ -255,14 +255,23 @@ __device__ __forceinline__ void exp_scores(float (&acc)[kN / 2], const float* ls
 // one branch per item, because per-element branches inside exp_scores kept
 // the exponentials from overlapping. first_query = m0 + query0, first_key =
 // n0 + key_in_tile; without a diagonal mask only keys past the end are hidden.
+// Each of the thread's two keys sees a range of queries: as offsets from its
+// first query column, each element is two 32-bit compares with a constant.
 template <bool kMaskDiagonal, int kN>
 __device__ __forceinline__ void mask_scores(float (&acc)[kN / 2], const MaskPolicy& mask, int64_t first_query,
                                             int64_t first_key, int len_k, int t) {
+  const int64_t column0 = first_query + 2 * t;
+  int begin[2], end[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = first_key + 8 * r;
+    begin[r] = kMaskDiagonal ? MaskPolicy::offset_in_tile(mask.query_begin(key), column0, kN) : 0;
+    end[r] = kMaskDiagonal ? MaskPolicy::offset_in_tile(mask.query_end(key), column0, kN) : key < len_k ? kN : 0;
+  }
 #pragma unroll
   for (int e = 0; e < kN / 2; ++e) {
-    const int64_t i = first_query + 8 * (e / 4) + 2 * t + (e & 1), key = first_key + 8 * ((e >> 1) & 1);
-    const bool visible = kMaskDiagonal ? mask.visible(i, key) : key < len_k;
-    if (!visible) acc[e] = 0.0f;
+    const int offset = 8 * (e / 4) + (e & 1), r = (e >> 1) & 1;
+    if (offset < begin[r] || offset >= end[r]) acc[e] = 0.0f;
   }
 }
 

@@ -367,10 +367,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
           // mask.visible per element cost the 3-consumer hdim-64 diagonal
           // kernel 80 bytes of spills).
           const int64_t column0 = n0 + 2 * t;
-          const int64_t begin = Traits::kMaskDiagonal ? mask.key_begin(i) : 0;
-          const int64_t end = Traits::kMaskDiagonal ? mask.key_end(i + 1) : seq.len_k;
-          const int first_visible = static_cast<int>(min(max(begin - column0, int64_t(0)), int64_t(kBlockN)));
-          const int end_visible = static_cast<int>(min(max(end - column0, int64_t(0)), int64_t(kBlockN)));
+          const int first_visible =
+              Traits::kMaskDiagonal ? MaskPolicy::offset_in_tile(mask.key_begin(i), column0, kBlockN) : 0;
+          const int end_visible = MaskPolicy::offset_in_tile(
+              Traits::kMaskDiagonal ? mask.key_end(i + 1) : seq.len_k, column0, kBlockN);
 #pragma unroll
           for (int ni = 0; ni < kNTilesS; ++ni) {
 #pragma unroll
