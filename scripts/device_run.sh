@@ -15,6 +15,7 @@
 #                                              arguments, e.g. "--section SourceCounters --print-details all"),
 #                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
+#                                            "decodecost": a decode call's fixed cost (bench/gpu/decode_fixed_cost.py),
 #                                            "overhead": host cost of the Python op layer on CUDA,
 #                                            "reference": A/B against FA_REFERENCE_SRC in one process,
 #                                            "variants": builds with FA_VARIANTS' defines, A/B in one process)
@@ -164,6 +165,15 @@ if has_stage decode; then
   cat "$OUT/decode_table.txt" >>"$SUMMARY"
 fi
 
+# Where a decode call's fixed cost goes: ours (1 / 2 / heuristic splits, with and without PDL), cuDNN and
+# trivial kernel nodes on caches of 16 to 4,096 keys.
+if has_stage decodecost; then
+  PYTHONUNBUFFERED=1 timeout "${FA_DECODECOST_TIMEOUT:-150}" python3 bench/gpu/decode_fixed_cost.py \
+    --lib build/libflashattn.so --out "$OUT" >"$OUT/decode_fixed_cost.txt" 2>&1
+  note "== decode fixed cost: exit $?"
+  cat "$OUT/decode_fixed_cost.txt" >>"$SUMMARY"
+fi
+
 # The CPU backend against torch's CPU SDPA on this host's cores, same process.
 if has_stage cpu; then
   PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_CPU_TIMEOUT:-150}" \
@@ -265,7 +275,8 @@ fi
 
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 keep=(summary.txt bench_table.txt bench_gpu.json bench_decode.json bench_gpu_fwd.json bench_fwd_table.txt
-  bench_reference.txt bench_gpu_reference.json bench_variants.txt bench_variants.json decode_table.txt)
+  bench_reference.txt bench_gpu_reference.json bench_variants.txt bench_variants.json decode_table.txt
+  decode_fixed_cost.json)
 # (The archive is written outside $OUT: tar fails on a directory that changes as it reads it.)
 (cd "$OUT" && tar czf /tmp/fa_logs.tar.gz "${keep[@]/#/--exclude=}" . && mv /tmp/fa_logs.tar.gz logs.tar.gz &&
   find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz $(printf ' ! -name %s' "${keep[@]}") -exec rm -rf {} +)

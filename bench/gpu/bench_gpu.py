@@ -229,11 +229,11 @@ for _schedule in os.environ.get("FA_BENCH_SCHEDULES", "").split():
     VARIANTS["ours_" + _schedule] = {"FLASHATTN_SM90_SCHEDULE": _schedule}
 if os.environ.get("FA_BENCH_SM80", "0") == "1":
     VARIANTS["ours_sm80"] = {"FLASHATTN_CUDA_FWD": "sm80"}
-# FA_BENCH_ENV_VARIANTS="c3:FLASHATTN_SM90_FWD_CONSUMERS=3 ...": more variants, each a label and one switch.
+# FA_BENCH_ENV_VARIANTS="c3:FLASHATTN_SM90_FWD_CONSUMERS=3 c3p:FLASHATTN_SM90_FWD_CONSUMERS=3,FLASHATTN_SM90_PERSISTENT=1":
+# more variants, each a label and its switches (comma-separated).
 for _variant in os.environ.get("FA_BENCH_ENV_VARIANTS", "").split():
-    _label, _setting = _variant.split(":", 1)
-    _name, _value = _setting.split("=", 1)
-    VARIANTS["ours_" + _label] = {_name: _value}
+    _label, _settings = _variant.split(":", 1)
+    VARIANTS["ours_" + _label] = dict(_setting.split("=", 1) for _setting in _settings.split(","))
 
 
 def bench_forward(fa, dtypes, dims, lengths, results, log, reference=None):
