@@ -304,6 +304,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
 
     const ScoreTransform transform = make_score_transform(params, b, h);
     const float log2_scale = transform.log2_scale();
+    // The keys each of this thread's two rows sees, [row_key_begin, row_key_end),
+    // and the key tiles every row of the tile sees whole, [visible_first,
+    // visible_end): 32-bit values fixed for the tile, in place of the 64-bit mask
+    // in the key-tile loop (sequence lengths are int, so the clamped bounds are too).
+    int row_key_begin[2], row_key_end[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = m0 + row_in_tile + 8 * r;
+      row_key_begin[r] = static_cast<int>(min(mask.key_begin(i), int64_t(seq.len_k)));
+      row_key_end[r] = static_cast<int>(max(mask.key_end(i + 1), int64_t(0)));
+    }
+    const int64_t whole_begin = mask.key_begin(m0 + rows - 1), whole_end = mask.key_end(m0 + 1);
+    const int visible_first = static_cast<int>(min((whole_begin + kBlockN - 1) / kBlockN, int64_t(n_block_max)));
+    const int visible_end = whole_end > 0 ? static_cast<int>(whole_end / kBlockN) : 0;
     const SmemAddresses smem_addresses = kHeadDim <= 128 ? hoisted_addresses : operand_addresses();
     const uint32_t sQ_addr = smem_addresses.q, sK_addr = smem_addresses.k, sV_addr = smem_addresses.v;
     float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
@@ -360,23 +374,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       if (kExtras || masked) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int64_t i = m0 + row_in_tile + 8 * r;
-          // Row i sees keys [key_begin(i), key_end(i + 1)): as offsets from this
-          // thread's first column (n0 + 2 t), clamped to the tile, the test of
-          // each element is two 32-bit compares with a constant (the 64-bit
-          // mask.visible per element cost the 3-consumer hdim-64 diagonal
-          // kernel 80 bytes of spills).
-          const int64_t column0 = n0 + 2 * t;
-          const int first_visible =
-              Traits::kMaskDiagonal ? MaskPolicy::offset_in_tile(mask.key_begin(i), column0, kBlockN) : 0;
-          const int end_visible = MaskPolicy::offset_in_tile(
-              Traits::kMaskDiagonal ? mask.key_end(i + 1) : seq.len_k, column0, kBlockN);
+          // The row's visible keys as offsets from this thread's first column
+          // (n0 + 2 t), clamped to the tile: each element is two 32-bit compares
+          // with a constant (mask.visible per element, with 64-bit indices, cost
+          // the 3-consumer hdim-64 diagonal kernel 80 bytes of spills).
+          const int column0 = n0 + 2 * t;
+          const int first_visible = min(max(row_key_begin[r] - column0, 0), kBlockN);
+          const int end_visible = min(max(row_key_end[r] - column0, 0), kBlockN);
 #pragma unroll
           for (int ni = 0; ni < kNTilesS; ++ni) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               float& s = acc_s[ni * 4 + r * 2 + c];
-              if constexpr (kExtras) s = transform.apply(s, mask, i, column0 + ni * 8 + c);
+              if constexpr (kExtras) s = transform.apply(s, mask, m0 + row_in_tile + 8 * r, column0 + ni * 8 + c);
               const int offset = ni * 8 + c;
               if (masked && (offset < first_visible || offset >= end_visible)) s = -INFINITY;
             }
@@ -555,9 +565,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // Trip counts of the masking policy, as in the sm80 kernel: masked tiles at
     // the diagonal or the sequence end, unmasked ones in the middle, masked ones
     // at the left edge of a sliding window. The producer visits the same order.
-    auto visible_tile = [&](int n_block) {
-      return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
-    };
+    auto visible_tile = [&](int n_block) { return n_block >= visible_first && n_block < visible_end; };
     int n_block = n_block_max - 1;
     if (kOverlap) {
       if (visible_tile(n_block))
