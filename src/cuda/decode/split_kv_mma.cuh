@@ -86,6 +86,38 @@ __device__ __forceinline__ int value_chunk_offset(int k, int c) {
   return k * kRowBytes + ((c ^ (((k >> 1) & 3) << 1)) << 4);
 }
 
+// x, hidden from the optimizer (an empty asm that claims to change it; no instruction): for a
+// value the compiler would otherwise derive again from its source at every use, as it did with
+// the long-pages walk's row strides and lane addresses (64-bit parameter arithmetic in every step).
+template <typename T>
+__device__ __forceinline__ T opaque(T x) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit register");
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(x));
+  } else {
+    asm volatile("" : "+r"(x));
+  }
+#endif
+  return x;
+}
+
+// A lane's chunk of one tensor of a paged cache, for the long-pages walk: the address of the chunk
+// in block 0, row 0, and the page and row strides in bytes. The row stride fits 32 bits (cache_walk).
+struct PagedTensor {
+  uintptr_t lane = 0;
+  uint64_t page_bytes = 0;
+  uint32_t row_bytes = 0;
+};
+template <typename Element>
+__device__ __forceinline__ PagedTensor paged_tensor(const Element* lane, const TensorLayout& layout) {
+  PagedTensor t;
+  t.lane = opaque(reinterpret_cast<uintptr_t>(lane));
+  t.page_bytes = static_cast<uint64_t>(layout.batch) * sizeof(Element);
+  t.row_bytes = opaque(static_cast<uint32_t>(layout.row * int64_t(sizeof(Element))));
+  return t;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -203,9 +235,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t step_within = kPaged ? Traits::kKeysPerBlockIter % page_rows : 0u;
   // The cache block of `page` for a key of this split (-1: past the split's end, which looks
   // nothing up, so every page read is inside the block table, or an out-of-range block).
+  const int32_t* table_row = kPaged ? opaque(p.block_table + b * p.block_table_stride) : nullptr;
+  auto read_block = [&](uint32_t page, int key) -> int { return key < keys_end ? __ldg(table_row + page) : -1; };
   auto lookup = [&](uint32_t page, int key) -> int {
-    if (key >= keys_end) return -1;
-    const int block = __ldg(p.block_table + b * p.block_table_stride + page);
+    const int block = read_block(page, key);
     return block >= 0 && block < p.cache_batch ? block : -1;
   };
   KeyStream streams[kShortPages ? kStreams : 1];
@@ -233,16 +266,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int64_t k_stream_step = kKeysPerCopy * p.k_cache_layout.row;
   const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
   // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
-  // past that page's end, in the next one: the first stream's page and row, and the cache blocks of
-  // both pages, looked up one step ahead.
+  // past that page's end, in the next one: the first stream's page and row, and the block-table
+  // entries of both pages, read one step ahead and range-checked where a step uses them (so the
+  // check waits for the read after a compute(), not right after the read).
   uint32_t first_page = 0, first_within = 0;
   int block_a = -1, block_b = -1;
   auto look_up_pages = [&]() {
-    block_a = lookup(first_page, first_key);
+    block_a = read_block(first_page, first_key);
     block_b = first_within + kStreamSpan >= page_rows
-                  ? lookup(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
+                  ? read_block(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
                   : -1;
   };
+  // A step's copy addresses come from one base per page and tensor and a 32-bit row offset per
+  // stream (rows x row_bytes, widened in the multiply-add, so only row_bytes must fit 32 bits:
+  // cache_walk sends larger row strides to the short-pages walk); addresses are integers since a
+  // base may point before its page. Blocks: [0, cache_blocks) is the cache (cache_batch clamped
+  // to 2^31, above every int block), and -1, no entry read, falls outside.
+  const uint32_t cache_blocks = static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31));
+  const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_lane, p.k_cache_layout) : PagedTensor{};
+  const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_lane, p.v_cache_layout) : PagedTensor{};
   if constexpr (kWalk == CacheWalk::kLongPages) {
     const uint32_t position = static_cast<uint32_t>(row.leftpad + first_key);
     first_page = position / page_rows;
@@ -281,20 +323,34 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         st.block = lookup(st.page, st.key);
       }
     } else if constexpr (kWalk == CacheWalk::kLongPages) {
+      // Stream s, s * kKeysPerCopy rows after the first, is in page a while that is below rows_left,
+      // else in page b at row s * kKeysPerCopy - rows_left: so with page b's base rows_left rows
+      // before the page, both pages' addresses are base + s * kKeysPerCopy * row_bytes.
+      const uint32_t rows_left = page_rows - first_within;
+      const bool a_in = static_cast<uint32_t>(block_a) < cache_blocks;
+      const bool b_in = static_cast<uint32_t>(block_b) < cache_blocks;
+      const uint32_t cache_a = a_in ? block_a : 0, cache_b = b_in ? block_b : 0;  // absent: any address
+      const uintptr_t k_a = k_paged.lane + cache_a * k_paged.page_bytes + uint64_t(first_within) * k_paged.row_bytes;
+      const uintptr_t k_b = k_paged.lane + cache_b * k_paged.page_bytes - uint64_t(rows_left) * k_paged.row_bytes;
+      const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
+      const uintptr_t v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
+      // Stream s copies (its page in the cache, its key before keys_end, its chunk inside the head
+      // dim) when rows_from <= s * kKeysPerCopy < rows_to, per tensor: two compares per copy.
+      const int keys_left = keys_end - first_key;
+      const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
+      const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
+      const int k_rows_to = k_chunk ? rows_to : 0, v_rows_to = v_chunk ? rows_to : 0;
 #pragma unroll
       for (int s = 0; s < kStreams; ++s) {
-        const uint32_t within = first_within + s * kKeysPerCopy;
-        const bool next_page = within >= page_rows;
-        const int block = next_page ? block_b : block_a;
-        const bool present = block >= 0 && first_key + s * kKeysPerCopy < keys_end;
-        const int64_t row_in_page = next_page ? within - page_rows : within;
+        const uint32_t rows_on = s * kKeysPerCopy;
+        const bool in_b = rows_on >= rows_left;
         const int key = s * kKeysPerCopy + lane / kRowChunks;
-        const int64_t k_off =
-            present ? int64_t(block) * p.k_cache_layout.batch + row_in_page * p.k_cache_layout.row : 0;
-        const int64_t v_off =
-            present ? int64_t(block) * p.v_cache_layout.batch + row_in_page * p.v_cache_layout.row : 0;
-        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
+        const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
+        const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
+        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
+                    static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < k_rows_to);
+        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(v_src),
+                    static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < v_rows_to);
       }
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
