@@ -227,6 +227,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const Element* v_lane = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * c_lane;
   const bool k_chunk = 8 * c_lane < d_count, v_chunk = 8 * c_lane < dv_count;
   auto stage_of = [&](int stage) { return smem + (warp * kStages + stage) * Traits::kStageBytes; };
+  // Where the lane's V chunk of stream s goes in a stage: V's swizzle repeats every 8 keys, so at
+  // the offset of stream s % kValuePhases plus whole 8-key groups, a constant of the copy's address.
+  // The compiler derived each stream's offset anew from its key, three instructions a copy.
+  constexpr int kValuePhases = 8 / kKeysPerCopy < kStreams ? 8 / kKeysPerCopy : kStreams;
+  static_assert(8 % kKeysPerCopy == 0, "streams of a phase are whole 8-key groups apart");
+  int value_phase[kValuePhases];
+#pragma unroll
+  for (int j = 0; j < kValuePhases; ++j)
+    value_phase[j] = value_chunk_offset<kRowBytes>(j * kKeysPerCopy + lane / kRowChunks, c_lane);
+  auto value_offset = [&](int s) {
+    return value_phase[s % kValuePhases] + s / kValuePhases * kValuePhases * kKeysPerCopy * kRowBytes;
+  };
 
   // Short pages: each stream keeps its page, its row in the page and the page's cache block,
   // stepped without a division.
@@ -307,7 +319,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         const int64_t v_off =
             present ? int64_t(st.block) * p.v_cache_layout.batch + int64_t(st.within) * p.v_cache_layout.row : 0;
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
+        cp_async_16(v_rows + value_offset(s), v_lane + v_off, present && v_chunk);
       }
       cp_async_commit();
 #pragma unroll
@@ -349,7 +361,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
                     static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < k_rows_to);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(v_src),
+        cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src),
                     static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < v_rows_to);
       }
       cp_async_commit();
@@ -369,7 +381,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         const bool present = first_key + s * kKeysPerCopy < keys_end;  // absent: nothing read
         const int key = s * kKeysPerCopy + lane / kRowChunks;
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), present ? k_src : k_lane, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), present ? v_src : v_lane, present && v_chunk);
+        cp_async_16(v_rows + value_offset(s), present ? v_src : v_lane, present && v_chunk);
         k_src += k_stream_step;
         v_src += v_stream_step;
       }
