@@ -3,11 +3,12 @@
 // exact-size host buffers, built with AddressSanitizer (run.sh). Checks O
 // against an fp64 reference.
 // usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [head dim: 128, 64]
-//            [block table: 0 identity, 1 reversed] [strides: 0 dense, 1 padded]
+//            [block table: 0 identity, 1 reversed] [strides: 0 dense, 1 padded] [left pad]
 // A reversed table stores logical page i in cache block blocks - 1 - i, so a walk that took a page
 // index for its block reads the wrong keys. Padded strides give K rows and V pages a gap, so a walk
 // that mixed up the row, page or tensor strides reads the gap, which holds NaN (as do the unused rows
-// of a partial page): a read of anything but a present key turns O into NaN.
+// of a partial page): a read of anything but a present key turns O into NaN. A left pad puts the S
+// keys at cache positions pad .. pad + S - 1 (cache_leftpad), NaN before them.
 #include "shim.hpp"
 #include "split_kv_mma_host.hpp"
 #include "split_kv_warp_host.hpp"
@@ -20,11 +21,12 @@ using E = __nv_bfloat16;
 struct Case {
   int S = 300, page = 0, splits = 1, kernel = 0, head_dim = 128;
   bool reversed = false, padded = false;
+  int left_pad = 0;
 };
 
 template <int D>
 int run(const Case& c) {
-  const int B = 1, H = 32, Hkv = 8, S = c.S, page = c.page;
+  const int B = 1, H = 32, Hkv = 8, S = c.S, page = c.page, pad = c.left_pad, filled = S + pad;
   const bool paged = page > 0;
   std::mt19937 rng(1); std::normal_distribution<float> nd;
   // Logical K and V (key j, kv head hk, dim e) at (j * Hkv + hk) * D + e: the reference reads these.
@@ -32,25 +34,26 @@ int run(const Case& c) {
   for (auto& x : q) x = __float2bfloat16_rn(nd(rng));
   for (auto& x : kl) x = __float2bfloat16_rn(nd(rng));
   for (auto& x : vl) x = __float2bfloat16_rn(nd(rng));
-  std::vector<int32_t> seqlens(B, S), table;
+  std::vector<int32_t> seqlens(B, filled), leftpads(B, pad), table;
   std::vector<float> lse(B * H);
   KvCacheParams p;
   p.dtype = FA_DTYPE_BF16; p.batch = B; p.heads = H; p.heads_kv = Hkv; p.head_dim = D; p.head_dim_v = D; p.seqlen_q = 1;
-  p.cache_batch = B; p.page_rows = S; p.capacity = S;
-  const int blocks = paged ? (S + page - 1) / page : 1, rows = paged ? page : S;
+  p.cache_batch = B; p.page_rows = filled; p.capacity = filled;
+  const int blocks = paged ? (filled + page - 1) / page : 1, rows = paged ? page : filled;
   const int64_t dense_row = int64_t(Hkv) * D;
   const TensorLayout k_layout{(c.padded ? dense_row + 16 : dense_row) * rows, c.padded ? dense_row + 16 : dense_row, D};
   const TensorLayout v_layout{dense_row * rows + (c.padded ? 64 : 0), dense_row, D};
   // Exact-size cache buffers: the dense contiguous and identity-table cases hold just the S keys, as before.
-  const bool exact = !c.reversed && !c.padded;
+  const bool exact = !c.reversed && !c.padded && pad == 0;
   auto cache_of = [&](const std::vector<E>& logical, const TensorLayout& layout) {
     if (exact) return logical;
     std::vector<E> cache(size_t(blocks) * layout.batch, E{0x7fc0});  // NaN
     for (int j = 0; j < S; ++j) {
-      const int logical_page = paged ? j / page : 0, block = c.reversed ? blocks - 1 - logical_page : logical_page;
+      const int position = pad + j, logical_page = paged ? position / page : 0;
+      const int block = c.reversed ? blocks - 1 - logical_page : logical_page;
       for (int hk = 0; hk < Hkv; ++hk)
         for (int e = 0; e < D; ++e)
-          cache[block * layout.batch + (paged ? j % page : j) * layout.row + hk * layout.head + e] =
+          cache[block * layout.batch + (paged ? position % page : position) * layout.row + hk * layout.head + e] =
               logical[(size_t(j) * Hkv + hk) * D + e];
     }
     return cache;
@@ -65,6 +68,7 @@ int run(const Case& c) {
   p.o_layout = {int64_t(H) * D, int64_t(H) * D, D};
   p.lse_layout = {H, 1, 1};
   p.cache_seqlens = seqlens.data();
+  if (pad > 0) p.cache_leftpad = leftpads.data();
   p.softmax_scale = 1.0f / std::sqrt(float(D)); p.causal = true; p.window_right = 0;
   const bool tiles = c.kernel == 1, mma = c.kernel == 2;  // 1: the tile kernel, 2: the mma kernel (16 rows per block)
   using Traits = SplitKvWarpTraits<E, D, 4>;
@@ -111,8 +115,9 @@ int run(const Case& c) {
   mix(out.data(), out.size() * sizeof(E));
   mix(lse.data(), lse.size() * sizeof(float));
   std::printf("S=%d page=%d splits=%d %s", S, page, splits, tiles ? "tiles" : mma ? "mma" : "warp");
-  if (D != 128 || c.reversed || c.padded)
+  if (D != 128 || c.reversed || c.padded || pad > 0)
     std::printf(" hdim=%d%s%s", D, c.reversed ? " reversed" : "", c.padded ? " padded" : "");
+  if (pad > 0) std::printf(" left pad %d", pad);
   std::printf(": max |O - fp64| %.3e, lse[0] %f, bits %016llx\n", worst, lse[0], static_cast<unsigned long long>(hash));
   return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
 }
@@ -126,6 +131,7 @@ int main(int argc, char** argv) {
   if (argc > 5) c.head_dim = atoi(argv[5]);
   if (argc > 6) c.reversed = atoi(argv[6]) != 0;
   if (argc > 7) c.padded = atoi(argv[7]) != 0;
+  if (argc > 8) c.left_pad = std::max(0, atoi(argv[8]));
   if (c.reversed && c.page == 0) { std::fprintf(stderr, "a reversed block table needs a paged cache\n"); return 2; }
   return c.head_dim == 64 ? run<64>(c) : run<128>(c);
 }
