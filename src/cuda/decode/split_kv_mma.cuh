@@ -352,17 +352,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
       const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
       const int k_rows_to = k_chunk ? rows_to : 0, v_rows_to = v_chunk ? rows_to : 0;
+      // Most steps keep all of a lane's streams in page a (pages of 16 rows without a left pad: every
+      // step): a second copy of the loop without the page select and with one bound per copy.
+      auto copy_streams = [&](auto straddles) {
+        const int from = straddles ? rows_from : 0;
+        const int k_to = straddles || a_in ? k_rows_to : 0, v_to = straddles || a_in ? v_rows_to : 0;
 #pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        const uint32_t rows_on = s * kKeysPerCopy;
-        const bool in_b = rows_on >= rows_left;
-        const int key = s * kKeysPerCopy + lane / kRowChunks;
-        const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
-        const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
-        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
-                    static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < k_rows_to);
-        cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src),
-                    static_cast<int>(rows_on) >= rows_from && static_cast<int>(rows_on) < v_rows_to);
+        for (int s = 0; s < kStreams; ++s) {
+          const int rows_on = s * kKeysPerCopy;
+          const bool in_b = straddles && static_cast<uint32_t>(rows_on) >= rows_left;
+          const int key = rows_on + lane / kRowChunks;
+          const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
+          const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
+          cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
+                      rows_on >= from && rows_on < k_to);
+          cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src), rows_on >= from && rows_on < v_to);
+        }
+      };
+      if (rows_left > kStreamSpan) {
+        copy_streams(std::false_type{});
+      } else {
+        copy_streams(std::true_type{});
       }
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
