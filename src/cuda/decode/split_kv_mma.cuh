@@ -34,6 +34,8 @@
 // merged at the end (block_merge.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/decode/block_merge.cuh"
 #include "cuda/decode/cache_walk.hpp"
 #include "cuda/decode/kvcache_kernel.cuh"
@@ -87,8 +89,10 @@ __device__ __forceinline__ int value_chunk_offset(int k, int c) {
 }
 
 // x, hidden from the optimizer (an empty asm that claims to change it; no instruction): for a
-// value the compiler would otherwise derive again from its source at every use, as it did with
-// the long-pages walk's row strides and lane addresses (64-bit parameter arithmetic in every step).
+// value the compiler would otherwise derive again from its source at every use. It did so with the
+// long-pages walk's row strides (31 more instructions in the slab loop, sm_90a bf16 hdim 128), its
+// lane addresses (22) and the block-table row pointer (13; 65 in the short-pages loop), each time
+// 64-bit parameter arithmetic in every step.
 template <typename T>
 __device__ __forceinline__ T opaque(T x) {
 #ifdef __CUDA_ARCH__
@@ -111,6 +115,7 @@ struct PagedTensor {
 };
 template <typename Element>
 __device__ __forceinline__ PagedTensor paged_tensor(const Element* lane, const TensorLayout& layout) {
+  static_assert(sizeof(Element) == 2, "cache_walk's row-stride bound counts 2-byte elements");
   PagedTensor t;
   t.lane = opaque(reinterpret_cast<uintptr_t>(lane));
   t.page_bytes = static_cast<uint64_t>(layout.batch) * sizeof(Element);
@@ -289,11 +294,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                   ? read_block(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
                   : -1;
   };
-  // A step's copy addresses come from one base per page and tensor and a 32-bit row offset per
-  // stream (rows x row_bytes, widened in the multiply-add, so only row_bytes must fit 32 bits:
-  // cache_walk sends larger row strides to the short-pages walk); addresses are integers since a
-  // base may point before its page. Blocks: [0, cache_blocks) is the cache (cache_batch clamped
-  // to 2^31, above every int block), and -1, no entry read, falls outside.
+  // A step's copy addresses: one base per page and tensor, computed once per step, plus a stream's
+  // rows times the row stride in bytes, a 32-bit value in a 64-bit product (so only the stride must
+  // fit 32 bits: cache_walk sends larger ones to the short-pages walk). With a 64-bit block * batch
+  // + row * row multiply-add per stream and tensor a step took 448-469 instructions (sm_90a, bf16,
+  // hdim 128; contiguous 174). Addresses are integers since page b's base may point before its page.
+  // Blocks: [0, cache_blocks) is the cache (cache_batch clamped to 2^31, above every int block), and
+  // -1, no entry read, falls outside.
   const uint32_t cache_blocks = static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31));
   const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_lane, p.k_cache_layout) : PagedTensor{};
   const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_lane, p.v_cache_layout) : PagedTensor{};
@@ -347,13 +354,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
       const uintptr_t v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
       // Stream s copies (its page in the cache, its key before keys_end, its chunk inside the head
-      // dim) when rows_from <= s * kKeysPerCopy < rows_to, per tensor: two compares per copy.
+      // dim) when rows_from <= s * kKeysPerCopy < rows_to (per tensor): two compares a copy, where
+      // folding the four flags per stream took the compiler four to six instructions.
       const int keys_left = keys_end - first_key;
       const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
       const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
       const int k_rows_to = k_chunk ? rows_to : 0, v_rows_to = v_chunk ? rows_to : 0;
       // Most steps keep all of a lane's streams in page a (pages of 16 rows without a left pad: every
-      // step): a second copy of the loop without the page select and with one bound per copy.
+      // step), so the copies come twice: `straddles` false drops the page select (two SELs a copy)
+      // and folds a_in into one bound per copy (158 instructions a step against 201 with both pages;
+      // contiguous 152). Lanes that disagree run both, in the rare steps at a page end.
       auto copy_streams = [&](auto straddles) {
         const int from = straddles ? rows_from : 0;
         const int k_to = straddles || a_in ? k_rows_to : 0, v_to = straddles || a_in ? v_rows_to : 0;
@@ -366,7 +376,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
           const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
           cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
                       rows_on >= from && rows_on < k_to);
-          cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src), rows_on >= from && rows_on < v_to);
+          cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src),
+                      rows_on >= from && rows_on < v_to);
         }
       };
       if (rows_left > kStreamSpan) {
