@@ -9,7 +9,9 @@ Timing: CUDA graphs of several calls (no launch or Python overhead in the number
 of reps. Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
 reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
-launch of the decode kernels), an A/B of that launch in one process.
+launch of the decode kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again
+with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the
+default, two blocks per SM on paged caches).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
@@ -98,17 +100,23 @@ def eager_time_ms(fns, reps=5):
 
 
 @contextlib.contextmanager
-def plain_stream_order():
-    """FLASHATTN_DECODE_PDL=0 for the calls (and captures) inside: the library reads it per call."""
-    previous = os.environ.get("FLASHATTN_DECODE_PDL")
-    os.environ["FLASHATTN_DECODE_PDL"] = "0"
+def environment(name, value):
+    """os.environ[name] = value for the calls (and captures) inside: the library reads its FLASHATTN_DECODE_*
+    variables per call. Make the calls' closures inside too: their workspace is sized when they are made."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if previous is None:
-            del os.environ["FLASHATTN_DECODE_PDL"]
+            del os.environ[name]
         else:
-            os.environ["FLASHATTN_DECODE_PDL"] = previous
+            os.environ[name] = previous
+
+
+def plain_stream_order():
+    """FLASHATTN_DECODE_PDL=0: the decode kernels in plain stream order."""
+    return environment("FLASHATTN_DECODE_PDL", "0")
 
 
 def graph_time_ms(fns, reps=5):
@@ -189,13 +197,17 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
                                              vh[:1].float().repeat_interleave(H // Hkv, 1))
         row["max_abs_err_vs_fp32"] = (out[:1].transpose(1, 2).float() - ref).abs().max().item()
     if paged:
-        paged_fns = []
+        paged_args = []
         for q, k, v, o in caches:
             k_pages, v_pages, table = make_paged(k, v, 16)
-            paged_fns.append(kv.call(q, k_pages, v_pages, o, seqlens, block_table=table))
-        row["paged16_ms"] = graph_time_ms(paged_fns)
+            paged_args.append((q, k_pages, v_pages, o, table))
+        row["paged16_ms"] = graph_time_ms(
+            [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
         row["paged16_vs_contig"] = row["paged16_ms"] / row["ours_ms"]
-        del paged_fns, k_pages, v_pages
+        with environment("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM", "1"):  # the contiguous cache's split count
+            row["paged16_one_per_sm_ms"] = graph_time_ms(
+                [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
+        del paged_args, k_pages, v_pages
     if sdpa:
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
                               ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
@@ -286,7 +298,8 @@ def main():
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
                   f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
-                  f"paged16 x{row.get('paged16_vs_contig', 0):.3f}, "
+                  f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
+                  f"(one block per SM x{row.get('paged16_one_per_sm_ms', 0) / row['ours_ms']:.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
                   + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
                      if reference else ""), flush=True)

@@ -1,7 +1,14 @@
 // Runs the split-KV decode kernels on the CPU: one std::thread per CUDA thread,
 // barriers for __syncthreads and for every warp shuffle, cp.async as a copy,
 // exact-size host buffers, built with AddressSanitizer (run.sh). Checks O
-// against an fp64 reference. usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma]
+// against an fp64 reference.
+// usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [head dim: 128, 64]
+//            [block table: 0 identity, 1 reversed] [strides: 0 dense, 1 padded] [left pad]
+// A reversed table stores logical page i in cache block blocks - 1 - i, so a walk that took a page
+// index for its block reads the wrong keys. Padded strides give K rows and V pages a gap, so a walk
+// that mixed up the row, page or tensor strides reads the gap, which holds NaN (as do the unused rows
+// of a partial page): a read of anything but a present key turns O into NaN. A left pad puts the S
+// keys at cache positions pad .. pad + S - 1 (cache_leftpad), NaN before them.
 #include "shim.hpp"
 #include "split_kv_mma_host.hpp"
 #include "split_kv_warp_host.hpp"
@@ -10,36 +17,65 @@
 using namespace flashattn;
 using namespace flashattn::cuda::decode;
 using E = __nv_bfloat16;
-int main(int argc, char** argv) {
-  const int B = 1, H = 32, Hkv = 8, D = 128, S = argc > 1 ? atoi(argv[1]) : 300;
-  const bool paged = argc > 2 && atoi(argv[2]) > 0; const int page = paged ? atoi(argv[2]) : 0;
+
+struct Case {
+  int S = 300, page = 0, splits = 1, kernel = 0, head_dim = 128;
+  bool reversed = false, padded = false;
+  int left_pad = 0;
+};
+
+template <int D>
+int run(const Case& c) {
+  const int B = 1, H = 32, Hkv = 8, S = c.S, page = c.page, pad = c.left_pad, filled = S + pad;
+  const bool paged = page > 0;
   std::mt19937 rng(1); std::normal_distribution<float> nd;
-  std::vector<E> q(B * 1 * H * D), kc(B * S * Hkv * D), vc(B * S * Hkv * D), out(B * H * D);
+  // Logical K and V (key j, kv head hk, dim e) at (j * Hkv + hk) * D + e: the reference reads these.
+  std::vector<E> q(B * 1 * H * D), kl(B * S * Hkv * D), vl(B * S * Hkv * D), out(B * H * D);
   for (auto& x : q) x = __float2bfloat16_rn(nd(rng));
-  for (auto& x : kc) x = __float2bfloat16_rn(nd(rng));
-  for (auto& x : vc) x = __float2bfloat16_rn(nd(rng));
-  std::vector<int32_t> seqlens(B, S), table;
+  for (auto& x : kl) x = __float2bfloat16_rn(nd(rng));
+  for (auto& x : vl) x = __float2bfloat16_rn(nd(rng));
+  std::vector<int32_t> seqlens(B, filled), leftpads(B, pad), table;
   std::vector<float> lse(B * H);
   KvCacheParams p;
   p.dtype = FA_DTYPE_BF16; p.batch = B; p.heads = H; p.heads_kv = Hkv; p.head_dim = D; p.head_dim_v = D; p.seqlen_q = 1;
-  p.cache_batch = B; p.page_rows = S; p.capacity = S;
-  if (paged) { int blocks = (S + page - 1) / page; p.paged = true; p.cache_batch = B * blocks; p.page_rows = page; p.max_blocks = blocks; p.capacity = int64_t(blocks) * page;
-    for (int i = 0; i < blocks; ++i) table.push_back(i); p.block_table = table.data(); p.block_table_stride = blocks; }
+  p.cache_batch = B; p.page_rows = filled; p.capacity = filled;
+  const int blocks = paged ? (filled + page - 1) / page : 1, rows = paged ? page : filled;
+  const int64_t dense_row = int64_t(Hkv) * D;
+  const TensorLayout k_layout{(c.padded ? dense_row + 16 : dense_row) * rows, c.padded ? dense_row + 16 : dense_row, D};
+  const TensorLayout v_layout{dense_row * rows + (c.padded ? 64 : 0), dense_row, D};
+  // Exact-size cache buffers: the dense contiguous and identity-table cases hold just the S keys, as before.
+  const bool exact = !c.reversed && !c.padded && pad == 0;
+  auto cache_of = [&](const std::vector<E>& logical, const TensorLayout& layout) {
+    if (exact) return logical;
+    std::vector<E> cache(size_t(blocks) * layout.batch, E{0x7fc0});  // NaN
+    for (int j = 0; j < S; ++j) {
+      const int position = pad + j, logical_page = paged ? position / page : 0;
+      const int block = c.reversed ? blocks - 1 - logical_page : logical_page;
+      for (int hk = 0; hk < Hkv; ++hk)
+        for (int e = 0; e < D; ++e)
+          cache[block * layout.batch + (paged ? position % page : position) * layout.row + hk * layout.head + e] =
+              logical[(size_t(j) * Hkv + hk) * D + e];
+    }
+    return cache;
+  };
+  std::vector<E> kc = cache_of(kl, k_layout), vc = cache_of(vl, v_layout);
+  if (paged) { p.paged = true; p.cache_batch = B * blocks; p.page_rows = page; p.max_blocks = blocks; p.capacity = int64_t(blocks) * page;
+    for (int i = 0; i < blocks; ++i) table.push_back(c.reversed ? blocks - 1 - i : i); p.block_table = table.data(); p.block_table_stride = blocks; }
   p.q = q.data(); p.k_cache = kc.data(); p.v_cache = vc.data(); p.o = out.data(); p.lse = lse.data();
   p.q_layout = {int64_t(H) * D, int64_t(H) * D, D};
-  p.k_cache_layout = paged ? TensorLayout{int64_t(page) * Hkv * D, int64_t(Hkv) * D, D} : TensorLayout{int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
-  p.v_cache_layout = p.k_cache_layout;
+  p.k_cache_layout = k_layout;
+  p.v_cache_layout = v_layout;
   p.o_layout = {int64_t(H) * D, int64_t(H) * D, D};
   p.lse_layout = {H, 1, 1};
   p.cache_seqlens = seqlens.data();
-  p.softmax_scale = 1.0f / std::sqrt(128.0f); p.causal = true; p.window_right = 0;
-  const int kernel = argc > 4 ? atoi(argv[4]) : 0;  // 1: the tile kernel, 2: the mma kernel (16 rows per block)
-  const bool tiles = kernel == 1, mma = kernel == 2;
-  using Traits = SplitKvWarpTraits<E, 128, 4>;
-  using TileTraits = DecodeTraits<E, 128>;
-  using MmaTraits = SplitKvMmaTraits<E, 128>;
+  if (pad > 0) p.cache_leftpad = leftpads.data();
+  p.softmax_scale = 1.0f / std::sqrt(float(D)); p.causal = true; p.window_right = 0;
+  const bool tiles = c.kernel == 1, mma = c.kernel == 2;  // 1: the tile kernel, 2: the mma kernel (16 rows per block)
+  using Traits = SplitKvWarpTraits<E, D, 4>;
+  using TileTraits = DecodeTraits<E, D>;
+  using MmaTraits = SplitKvMmaTraits<E, D>;
   const int rows_padded = tiles || mma ? 16 : 4;
-  const int splits = argc > 3 ? atoi(argv[3]) : 1;
+  const int splits = c.splits;
   std::vector<float> o_part(size_t(splits) * B * Hkv * 16 * D), lse_part(size_t(splits) * B * Hkv * 16);
   float* op = splits > 1 ? o_part.data() : nullptr; float* lp = splits > 1 ? lse_part.data() : nullptr;
   emu::grid = {unsigned(splits), 1, unsigned(B * Hkv)}; emu::block = {128, 1, 1};
@@ -66,9 +102,10 @@ int main(int argc, char** argv) {
   // reference
   double worst = 0;
   for (int h = 0; h < H; ++h) { int hk = h / 4; std::vector<double> s(S); double m = -1e300;
-    for (int j = 0; j < S; ++j) { double d = 0; for (int e = 0; e < D; ++e) d += double(__bfloat162float(q[h*D+e])) * __bfloat162float(kc[(j*Hkv+hk)*D+e]); s[j] = d * p.softmax_scale; m = std::max(m, s[j]); }
+    for (int j = 0; j < S; ++j) { double d = 0; for (int e = 0; e < D; ++e) d += double(__bfloat162float(q[h*D+e])) * __bfloat162float(kl[(j*Hkv+hk)*D+e]); s[j] = d * p.softmax_scale; m = std::max(m, s[j]); }
     double l = 0; for (int j = 0; j < S; ++j) { s[j] = std::exp(s[j] - m); l += s[j]; }
-    for (int e = 0; e < D; ++e) { double o = 0; for (int j = 0; j < S; ++j) o += s[j] * __bfloat162float(vc[(j*Hkv+hk)*D+e]); o /= l; worst = std::max(worst, std::fabs(o - __bfloat162float(out[h*D+e]))); }
+    for (int e = 0; e < D; ++e) { double o = 0; for (int j = 0; j < S; ++j) o += s[j] * __bfloat162float(vl[(j*Hkv+hk)*D+e]); o /= l;
+      const double got = __bfloat162float(out[h*D+e]); worst = std::isnan(got) ? INFINITY : std::max(worst, std::fabs(o - got)); }
   }
   // FNV-1a over the bits of O and the LSE: a kernel change that should not move a result shows the same hash.
   uint64_t hash = 1469598103934665603ull;
@@ -77,7 +114,24 @@ int main(int argc, char** argv) {
   };
   mix(out.data(), out.size() * sizeof(E));
   mix(lse.data(), lse.size() * sizeof(float));
-  std::printf("S=%d page=%d splits=%d %s: max |O - fp64| %.3e, lse[0] %f, bits %016llx\n", S, page, splits,
-              tiles ? "tiles" : mma ? "mma" : "warp", worst, lse[0], static_cast<unsigned long long>(hash));
+  std::printf("S=%d page=%d splits=%d %s", S, page, splits, tiles ? "tiles" : mma ? "mma" : "warp");
+  if (D != 128 || c.reversed || c.padded || pad > 0)
+    std::printf(" hdim=%d%s%s", D, c.reversed ? " reversed" : "", c.padded ? " padded" : "");
+  if (pad > 0) std::printf(" left pad %d", pad);
+  std::printf(": max |O - fp64| %.3e, lse[0] %f, bits %016llx\n", worst, lse[0], static_cast<unsigned long long>(hash));
   return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
+}
+
+int main(int argc, char** argv) {
+  Case c;
+  if (argc > 1) c.S = atoi(argv[1]);
+  if (argc > 2) c.page = std::max(0, atoi(argv[2]));
+  if (argc > 3) c.splits = atoi(argv[3]);
+  if (argc > 4) c.kernel = atoi(argv[4]);
+  if (argc > 5) c.head_dim = atoi(argv[5]);
+  if (argc > 6) c.reversed = atoi(argv[6]) != 0;
+  if (argc > 7) c.padded = atoi(argv[7]) != 0;
+  if (argc > 8) c.left_pad = std::max(0, atoi(argv[8]));
+  if (c.reversed && c.page == 0) { std::fprintf(stderr, "a reversed block table needs a paged cache\n"); return 2; }
+  return c.head_dim == 64 ? run<64>(c) : run<128>(c);
 }

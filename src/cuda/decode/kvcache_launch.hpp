@@ -6,6 +6,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/kvcache_params.hpp"
 #include "cuda/launch.hpp"
 
@@ -41,17 +44,33 @@ constexpr int blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_clas
   if (kernel == DecodeKernel::kWarp) return rows <= 4 ? 3 : 2;
   return kernel == DecodeKernel::kTiles && head_dim_class > 128 ? 1 : 2;
 }
+// FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 or 2: the blocks per SM that the
+// split heuristic fills for the mma kernel on a paged cache, read per call so
+// that a benchmark can time one against two in one process (the workspace
+// size follows: it is planned the same way). Unset or any other value: 0, the
+// default below.
+inline int paged_blocks_per_sm_override() {
+  const char* value = std::getenv("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM");
+  if (value == nullptr) return 0;
+  return std::strcmp(value, "1") == 0 ? 1 : std::strcmp(value, "2") == 0 ? 2 : 0;
+}
+
 // The blocks per SM the split heuristic fills: for the mma kernel on a
 // contiguous cache one, although two are resident. Session 14's run 5 (H200,
 // bf16, hdim 128, 8 KV heads) timed one block per SM against two: B = 1 with
 // 32k keys 47.7 vs 49.8 us (16 splits against 32), 128k 140.8 vs 146.7,
 // B = 8 with 4k 47.3 vs 50.0 (2 splits against 4), 32k 264.3 vs 270.2, and
 // in its sweeps one block per SM was the fastest count or within 3 % of it.
-// A paged cache keeps two: with one block per SM the page-table reads ahead
-// of each slab had too few warps to hide behind, and paged 16 ran 1.26-1.37x
-// the contiguous time at the same sizes.
-constexpr int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class, bool paged) {
-  return kernel == DecodeKernel::kMma && !paged ? 1 : blocks_per_sm(rows, kernel, head_dim_class);
+// A paged cache keeps two: with one block per SM paged 16 ran 1.26-1.37x the
+// contiguous time at the same sizes, its lone warps bound by the long-pages
+// walk's instructions (ncu, session 15: 1.60x the contiguous walk's per slab;
+// dev/kvcache_decode.md v12, v13). FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM
+// (paged_blocks_per_sm_override) sets the count for paged caches.
+inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class, bool paged) {
+  if (kernel != DecodeKernel::kMma) return blocks_per_sm(rows, kernel, head_dim_class);
+  if (!paged) return 1;
+  const int forced = paged_blocks_per_sm_override();
+  return forced > 0 ? forced : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32

@@ -34,6 +34,8 @@
 // merged at the end (block_merge.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/decode/block_merge.cuh"
 #include "cuda/decode/cache_walk.hpp"
 #include "cuda/decode/kvcache_kernel.cuh"
@@ -84,6 +86,41 @@ __device__ __forceinline__ int key_chunk_offset(int k, int c) { return k * kRowB
 template <int kRowBytes>
 __device__ __forceinline__ int value_chunk_offset(int k, int c) {
   return k * kRowBytes + ((c ^ (((k >> 1) & 3) << 1)) << 4);
+}
+
+// x, hidden from the optimizer (an empty asm that claims to change it; no instruction): for a
+// value the compiler would otherwise derive again from its source at every use. It did so with the
+// long-pages walk's row strides (31 more instructions in the slab loop, sm_90a bf16 hdim 128), its
+// lane addresses (22) and the block-table row pointer (13; 65 in the short-pages loop), each time
+// 64-bit parameter arithmetic in every step.
+template <typename T>
+__device__ __forceinline__ T opaque(T x) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit register");
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(x));
+  } else {
+    asm volatile("" : "+r"(x));
+  }
+#endif
+  return x;
+}
+
+// A lane's chunk of one tensor of a paged cache, for the long-pages walk: the address of the chunk
+// in block 0, row 0, and the page and row strides in bytes. The row stride fits 32 bits (cache_walk).
+struct PagedTensor {
+  uintptr_t lane = 0;
+  uint64_t page_bytes = 0;
+  uint32_t row_bytes = 0;
+};
+template <typename Element>
+__device__ __forceinline__ PagedTensor paged_tensor(const Element* lane, const TensorLayout& layout) {
+  static_assert(sizeof(Element) == 2, "cache_walk's row-stride bound counts 2-byte elements");
+  PagedTensor t;
+  t.lane = opaque(reinterpret_cast<uintptr_t>(lane));
+  t.page_bytes = static_cast<uint64_t>(layout.batch) * sizeof(Element);
+  t.row_bytes = opaque(static_cast<uint32_t>(layout.row * int64_t(sizeof(Element))));
+  return t;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -195,6 +232,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const Element* v_lane = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * c_lane;
   const bool k_chunk = 8 * c_lane < d_count, v_chunk = 8 * c_lane < dv_count;
   auto stage_of = [&](int stage) { return smem + (warp * kStages + stage) * Traits::kStageBytes; };
+  // Where the lane's V chunk of stream s goes in a stage: V's swizzle repeats every 8 keys, so at
+  // the offset of stream s % kValuePhases plus whole 8-key groups, a constant of the copy's address.
+  // The compiler derived each stream's offset anew from its key, three instructions a copy.
+  constexpr int kValuePhases = 8 / kKeysPerCopy < kStreams ? 8 / kKeysPerCopy : kStreams;
+  static_assert(8 % kKeysPerCopy == 0, "streams of a phase are whole 8-key groups apart");
+  int value_phase[kValuePhases];
+#pragma unroll
+  for (int j = 0; j < kValuePhases; ++j)
+    value_phase[j] = value_chunk_offset<kRowBytes>(j * kKeysPerCopy + lane / kRowChunks, c_lane);
+  auto value_offset = [&](int s) {
+    return value_phase[s % kValuePhases] + s / kValuePhases * kValuePhases * kKeysPerCopy * kRowBytes;
+  };
 
   // Short pages: each stream keeps its page, its row in the page and the page's cache block,
   // stepped without a division.
@@ -203,9 +252,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t step_within = kPaged ? Traits::kKeysPerBlockIter % page_rows : 0u;
   // The cache block of `page` for a key of this split (-1: past the split's end, which looks
   // nothing up, so every page read is inside the block table, or an out-of-range block).
+  const int32_t* table_row = kPaged ? opaque(p.block_table + b * p.block_table_stride) : nullptr;
+  auto read_block = [&](uint32_t page, int key) -> int { return key < keys_end ? __ldg(table_row + page) : -1; };
   auto lookup = [&](uint32_t page, int key) -> int {
-    if (key >= keys_end) return -1;
-    const int block = __ldg(p.block_table + b * p.block_table_stride + page);
+    const int block = read_block(page, key);
     return block >= 0 && block < p.cache_batch ? block : -1;
   };
   KeyStream streams[kShortPages ? kStreams : 1];
@@ -233,16 +283,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int64_t k_stream_step = kKeysPerCopy * p.k_cache_layout.row;
   const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
   // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
-  // past that page's end, in the next one: the first stream's page and row, and the cache blocks of
-  // both pages, looked up one step ahead.
+  // past that page's end, in the next one: the first stream's page and row, and the block-table
+  // entries of both pages, read one step ahead and range-checked where a step uses them (so the
+  // check waits for the read after a compute(), not right after the read).
   uint32_t first_page = 0, first_within = 0;
   int block_a = -1, block_b = -1;
   auto look_up_pages = [&]() {
-    block_a = lookup(first_page, first_key);
+    block_a = read_block(first_page, first_key);
     block_b = first_within + kStreamSpan >= page_rows
-                  ? lookup(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
+                  ? read_block(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
                   : -1;
   };
+  // A step's copy addresses: one base per page and tensor, computed once per step, plus a stream's
+  // rows times the row stride in bytes, a 32-bit value in a 64-bit product (so only the stride must
+  // fit 32 bits: cache_walk sends larger ones to the short-pages walk). With a 64-bit block * batch
+  // + row * row multiply-add per stream and tensor a step took 448-469 instructions (sm_90a, bf16,
+  // hdim 128; contiguous 174). Addresses are integers since page b's base may point before its page.
+  // Blocks: [0, cache_blocks) is the cache (cache_batch clamped to 2^31, above every int block), and
+  // -1, no entry read, falls outside.
+  const uint32_t cache_blocks = static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31));
+  const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_lane, p.k_cache_layout) : PagedTensor{};
+  const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_lane, p.v_cache_layout) : PagedTensor{};
   if constexpr (kWalk == CacheWalk::kLongPages) {
     const uint32_t position = static_cast<uint32_t>(row.leftpad + first_key);
     first_page = position / page_rows;
@@ -265,7 +326,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         const int64_t v_off =
             present ? int64_t(st.block) * p.v_cache_layout.batch + int64_t(st.within) * p.v_cache_layout.row : 0;
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
+        cp_async_16(v_rows + value_offset(s), v_lane + v_off, present && v_chunk);
       }
       cp_async_commit();
 #pragma unroll
@@ -281,20 +342,48 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         st.block = lookup(st.page, st.key);
       }
     } else if constexpr (kWalk == CacheWalk::kLongPages) {
+      // Stream s, s * kKeysPerCopy rows after the first, is in page a while that is below rows_left,
+      // else in page b at row s * kKeysPerCopy - rows_left: so with page b's base rows_left rows
+      // before the page, both pages' addresses are base + s * kKeysPerCopy * row_bytes.
+      const uint32_t rows_left = page_rows - first_within;
+      const bool a_in = static_cast<uint32_t>(block_a) < cache_blocks;
+      const bool b_in = static_cast<uint32_t>(block_b) < cache_blocks;
+      const uint32_t cache_a = a_in ? block_a : 0, cache_b = b_in ? block_b : 0;  // absent: any address
+      const uintptr_t k_a = k_paged.lane + cache_a * k_paged.page_bytes + uint64_t(first_within) * k_paged.row_bytes;
+      const uintptr_t k_b = k_paged.lane + cache_b * k_paged.page_bytes - uint64_t(rows_left) * k_paged.row_bytes;
+      const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
+      const uintptr_t v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
+      // Stream s copies (its page in the cache, its key before keys_end, its chunk inside the head
+      // dim) when rows_from <= s * kKeysPerCopy < rows_to (per tensor): two compares a copy, where
+      // folding the four flags per stream took the compiler four to six instructions.
+      const int keys_left = keys_end - first_key;
+      const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
+      const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
+      const int k_rows_to = k_chunk ? rows_to : 0, v_rows_to = v_chunk ? rows_to : 0;
+      // Most steps keep all of a lane's streams in page a (pages of 16 rows without a left pad: every
+      // step), so the copies come twice: `straddles` false drops the page select (two SELs a copy)
+      // and folds a_in into one bound per copy (158 instructions a step against 201 with both pages;
+      // contiguous 152). Lanes that disagree run both, in the rare steps at a page end.
+      auto copy_streams = [&](auto straddles) {
+        const int from = straddles ? rows_from : 0;
+        const int k_to = straddles || a_in ? k_rows_to : 0, v_to = straddles || a_in ? v_rows_to : 0;
 #pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        const uint32_t within = first_within + s * kKeysPerCopy;
-        const bool next_page = within >= page_rows;
-        const int block = next_page ? block_b : block_a;
-        const bool present = block >= 0 && first_key + s * kKeysPerCopy < keys_end;
-        const int64_t row_in_page = next_page ? within - page_rows : within;
-        const int key = s * kKeysPerCopy + lane / kRowChunks;
-        const int64_t k_off =
-            present ? int64_t(block) * p.k_cache_layout.batch + row_in_page * p.k_cache_layout.row : 0;
-        const int64_t v_off =
-            present ? int64_t(block) * p.v_cache_layout.batch + row_in_page * p.v_cache_layout.row : 0;
-        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), k_lane + k_off, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), v_lane + v_off, present && v_chunk);
+        for (int s = 0; s < kStreams; ++s) {
+          const int rows_on = s * kKeysPerCopy;
+          const bool in_b = straddles && static_cast<uint32_t>(rows_on) >= rows_left;
+          const int key = rows_on + lane / kRowChunks;
+          const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
+          const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
+          cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
+                      rows_on >= from && rows_on < k_to);
+          cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src),
+                      rows_on >= from && rows_on < v_to);
+        }
+      };
+      if (rows_left > kStreamSpan) {
+        copy_streams(std::false_type{});
+      } else {
+        copy_streams(std::true_type{});
       }
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
@@ -313,7 +402,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         const bool present = first_key + s * kKeysPerCopy < keys_end;  // absent: nothing read
         const int key = s * kKeysPerCopy + lane / kRowChunks;
         cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), present ? k_src : k_lane, present && k_chunk);
-        cp_async_16(v_rows + value_chunk_offset<kRowBytes>(key, c_lane), present ? v_src : v_lane, present && v_chunk);
+        cp_async_16(v_rows + value_offset(s), present ? v_src : v_lane, present && v_chunk);
         k_src += k_stream_step;
         v_src += v_stream_step;
       }
