@@ -10,7 +10,7 @@
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
 #   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes (also
 #                                  b8_32k_s2, b8_32k_p16_s2: B = 8, 32k keys, two splits = one block per SM,
-#                                  contiguous and paged 16)
+#                                  contiguous and paged 16; b1_16: B = 1, 16 keys, a call's fixed cost)
 #   FA_FWD_CASES="fwd128 fwd64"    which forward shapes (also fwd128_4k, fwd128_causal_4k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +49,7 @@ if has decode; then
   decode_case b8_128k && profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
   decode_case b1_4k && profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
   decode_case combine_b1_4k && profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
+  decode_case b1_16 && profile decode_b1_16 split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 16
   decode_case b8_32k_s2 && profile decode_b8_32k_s2 split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --splits 2
   decode_case b8_32k_p16_s2 && profile decode_b8_32k_p16_s2 split_kv \
     python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --paged 16 --splits 2
