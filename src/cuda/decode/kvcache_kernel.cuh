@@ -158,8 +158,9 @@ struct KeyRange {
 };
 template <int kBlockN>
 __device__ __forceinline__ KeyRange split_range(int64_t lo, int64_t hi, int split, int splits) {
-  const int64_t span = hi > lo ? hi - lo : 0;
-  const int64_t per_split = ((span + splits - 1) / splits + kBlockN - 1) / kBlockN * kBlockN;
+  // Key counts are below 2^31 (the kernels hold keys as int): a 32-bit division.
+  const uint32_t span = hi > lo ? static_cast<uint32_t>(hi - lo) : 0u;
+  const int64_t per_split = ((span + splits - 1) / static_cast<uint32_t>(splits) + kBlockN - 1) / kBlockN * kBlockN;
   const int64_t begin = lo + split * per_split;
   return {begin, min(hi, begin + per_split)};
 }
@@ -407,8 +408,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   // after that grid has completed.
   wait_for_prerequisite_grids();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t group = p.heads / p.heads_kv;
-  const int64_t total_rows = p.seqlen_q * group;
+  // 32-bit divisions (the packed rows of all (batch row, kv head) pairs number below 2^31, checked
+  // by run_kvcache): a 64-bit one is a long dependent chain ahead of the first load.
+  const uint32_t heads_kv = static_cast<uint32_t>(p.heads_kv);
+  const uint32_t group = static_cast<uint32_t>(p.heads) / heads_kv;
+  const uint32_t total_rows = static_cast<uint32_t>(p.seqlen_q) * group;
   const int64_t bh_count = p.batch * p.heads_kv;
   const int64_t bh = blockIdx.x / total_rows, r = blockIdx.x % total_rows;
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
@@ -446,8 +450,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   }
   __syncthreads();
   if (warp != 0) return;
-  const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
-  const int64_t i = r / group, h = hkv * group + r % group;
+  const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
+  const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
   Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
   for (int d = 4 * lane; d < dv; d += 128) {
     float4 sum = warp_sums[0][d / 4];

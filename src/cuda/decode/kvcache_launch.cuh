@@ -108,6 +108,10 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     FA_CUDA_CHECK(cudaGetLastError());
   }
   if (p.batch == 0 || p.seqlen_q == 0) return FA_OK;
+  // The kernels divide by the heads in 32 bits.
+  if (p.heads > INT32_MAX)
+    return fail(FA_ERROR_UNSUPPORTED, "q: %lld heads exceed the decode kernels' limit 2^31 - 1",
+                static_cast<long long>(p.heads));
   const int64_t batch_heads = p.batch * p.heads_kv;
   if (batch_heads > 65535 || plan.row_blocks > 65535)
     return fail(FA_ERROR_UNSUPPORTED, "q: B * Hkv = %lld exceeds the grid limit 65535 of the decode kernel",

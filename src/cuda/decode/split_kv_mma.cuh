@@ -144,11 +144,12 @@ __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const Cach
   constexpr int kRowsPerThread = Traits::kRows / kRowStep;
   static_assert(Traits::kThreads % kHeadDim == 0 && Traits::kRows % kRowStep == 0, "whole rows per pass");
   const int d = threadIdx.x % kHeadDim, r_first = threadIdx.x / kHeadDim;
-  const int heads_per_kv = static_cast<int>(p.heads / p.heads_kv);
-  // Packed row r is query (r0 + r) / G, head hkv G + (r0 + r) % G: one division, then steps that
-  // move the element offset by a head, or to the next query's first head of the group.
-  int64_t query = (r0 + r_first) / heads_per_kv;
-  int head = static_cast<int>((r0 + r_first) % heads_per_kv);
+  const uint32_t group = static_cast<uint32_t>(p.heads) / static_cast<uint32_t>(p.heads_kv);
+  const int heads_per_kv = static_cast<int>(group);
+  // Packed row r is query (r0 + r) / G, head hkv G + (r0 + r) % G: one (32-bit) division, then
+  // steps that move the element offset by a head, or to the next query's first head of the group.
+  int64_t query = static_cast<uint32_t>(r0 + r_first) / group;
+  int head = static_cast<int>(static_cast<uint32_t>(r0 + r_first) % group);
   const Element* q_group =
       static_cast<const Element*>(p.q) + b * p.q_layout.batch + hkv * heads_per_kv * p.q_layout.head + d;
   int64_t offset = query * p.q_layout.row + head * p.q_layout.head;
@@ -201,15 +202,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
-  const int64_t b = blockIdx.z / p.heads_kv, hkv = blockIdx.z % p.heads_kv;
-  const int64_t heads_per_kv = p.heads / p.heads_kv;
-  const int64_t r0 = int64_t(blockIdx.y) * kRows;
+  // Divisions in 32 bits (run_kvcache bounds the heads, and grid indices fit): a 64-bit division is
+  // a chain of some 80 dependent instructions, and the prologue and epilogue are a call's fixed cost.
+  const uint32_t heads_kv = static_cast<uint32_t>(p.heads_kv);
+  const uint32_t group = static_cast<uint32_t>(p.heads) / heads_kv;  // query heads per kv head
+  const int64_t b = blockIdx.z / heads_kv, hkv = blockIdx.z % heads_kv;
+  const int64_t heads_per_kv = group;
+  const uint32_t first_row = blockIdx.y * kRows;  // packed row r0 + r: query (r0 + r) / G, head hkv G + (r0 + r) % G
+  const int64_t r0 = first_row;
   const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
   const CacheRow row = bounded_row(p, b);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
-  const int64_t i_first = r0 / heads_per_kv, i_last = (r0 + nrows - 1) / heads_per_kv;
+  const int64_t i_first = first_row / group, i_last = (first_row + nrows - 1) / group;
   const KeyRange range = split_range<kKeysPerTile>(mask.key_begin(i_first), mask.key_end(i_last + 1),
                                                    blockIdx.x, gridDim.x);
   const int keys_begin = static_cast<int>(range.begin), keys_end = static_cast<int>(range.end);
@@ -425,12 +431,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = g + 8 * half;
-      const int64_t query = (r0 + r) / heads_per_kv;
+      const int64_t query = (first_row + r) / group;
       const bool real = r < nrows;
       key_lo[half] = static_cast<int>(mask.key_begin(query));
       key_hi[half] = real ? static_cast<int>(mask.key_end(query + 1)) : 0;
       diagonal[half] = static_cast<int>(query + mask.shift);
-      const int64_t h = hkv * heads_per_kv + (r0 + r) % heads_per_kv;
+      const int64_t h = hkv * heads_per_kv + (first_row + r) % group;
       slope[half] = real && p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
 #pragma unroll
       for (int blk = 0; blk < kKeyBlocks; ++blk) {
