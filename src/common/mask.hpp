@@ -67,6 +67,18 @@ struct MaskPolicy {
     return offset < 0 ? 0 : offset > width ? width : static_cast<int>(offset);
   }
 
+  // The key tiles of width block_n that every row of [row_begin, row_end) sees
+  // whole: tile n = [n block_n, (n + 1) block_n) for first <= n < end (empty
+  // when first >= end), the tiles tile_fully_visible accepts. Kernels compare a
+  // tile index against these instead of evaluating that per tile.
+  struct TileRange {
+    int64_t first, end;
+  };
+  FA_HOST_DEVICE TileRange fully_visible_key_tiles(int64_t row_begin, int64_t row_end, int block_n) const {
+    const int64_t begin = key_begin(row_end - 1), end = key_end(row_begin + 1);
+    return {(begin + block_n - 1) / block_n, end > 0 ? end / block_n : 0};
+  }
+
   // True when every (i, j) of the tile is visible, so the tile runs unmasked.
   FA_HOST_DEVICE bool tile_fully_visible(int64_t row_begin, int64_t row_end, int64_t col_begin,
                                          int64_t col_end) const {

@@ -315,9 +315,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       row_key_begin[r] = static_cast<int>(min(mask.key_begin(i), int64_t(seq.len_k)));
       row_key_end[r] = static_cast<int>(max(mask.key_end(i + 1), int64_t(0)));
     }
-    const int64_t whole_begin = mask.key_begin(m0 + rows - 1), whole_end = mask.key_end(m0 + 1);
-    const int visible_first = static_cast<int>(min((whole_begin + kBlockN - 1) / kBlockN, int64_t(n_block_max)));
-    const int visible_end = whole_end > 0 ? static_cast<int>(whole_end / kBlockN) : 0;
+    const MaskPolicy::TileRange whole_tiles = mask.fully_visible_key_tiles(m0, m0 + rows, kBlockN);
+    const int visible_first = static_cast<int>(min(whole_tiles.first, int64_t(n_block_max)));
+    const int visible_end = static_cast<int>(whole_tiles.end);
     const SmemAddresses smem_addresses = kHeadDim <= 128 ? hoisted_addresses : operand_addresses();
     const uint32_t sQ_addr = smem_addresses.q, sK_addr = smem_addresses.k, sV_addr = smem_addresses.v;
     float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
