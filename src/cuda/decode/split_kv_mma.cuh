@@ -164,12 +164,17 @@ __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const Cach
       offset += wraps ? wrap_step : p.q_layout.head;
     }
   };
+  // The row steps stop at the last real row (a warp's rows are uniform): a GQA-4 decode block has 4
+  // real rows of 16, and the stepping chain over all of them was ~300 dependent instructions of
+  // every call's fixed cost (dev/kvcache_decode.md v14). Padding rows stay 0.
   if (p.rotary_cos == nullptr) {
     float values[kRowsPerThread];
 #pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) values[k] = 0.0f;
+#pragma unroll
     for (int k = 0; k < kRowsPerThread; ++k) {
-      const bool real = present && r_first + k * kRowStep < nrows;
-      values[k] = real ? to_float(q_group[offset]) : 0.0f;
+      if (r_first + k * kRowStep >= nrows) break;
+      if (present) values[k] = to_float(q_group[offset]);
       next_row();
     }
 #pragma unroll
@@ -591,6 +596,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       states.m[warp * kRows + r] = m[half] == -INFINITY ? -INFINITY : m[half] / kLog2e;
       states.l[warp * kRows + r] = row_l;
     }
+    if (r >= nrows) continue;  // a padding row: the merge reads rows below nrows only
     float* o_row = states.o + (warp * kRows + r) * kHeadDim;
 #pragma unroll
     for (int h = 0; h < kValueHalves; ++h)
