@@ -62,9 +62,11 @@ inline int paged_blocks_per_sm_override() {
 // B = 8 with 4k 47.3 vs 50.0 (2 splits against 4), 32k 264.3 vs 270.2, and
 // in its sweeps one block per SM was the fastest count or within 3 % of it.
 // A paged cache keeps two: with one block per SM paged 16 ran 1.26-1.37x the
-// contiguous time at the same sizes, its lone warps bound by the long-pages
-// walk's instructions (ncu, session 15: 1.60x the contiguous walk's per slab;
-// dev/kvcache_decode.md v12, v13). FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM
+// contiguous time (session 14), its lone warps bound by the long-pages walk's
+// instructions (ncu, session 15: 1.60x the contiguous walk's per slab). Since
+// session 16's shorter walk (dev/kvcache_decode.md v13) one block per SM runs
+// paged 16 at 1.00-1.10x of contiguous and two at 1.00-1.13x, neither ahead at
+// every size, so two stay. FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM
 // (paged_blocks_per_sm_override) sets the count for paged caches.
 inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_class, bool paged) {
   if (kernel != DecodeKernel::kMma) return blocks_per_sm(rows, kernel, head_dim_class);
