@@ -8,7 +8,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "common/half.hpp"
 #include "cpu/exp2_poly.hpp"
@@ -217,7 +219,7 @@ struct Avx2KernelSet {
     }
   }
 
-  static void exp2_sub_vec_sum(float* x, int n, float mul, const float* sub, float* sum) {
+  static void exp2_row_sum(float* x, int n, float mul, const float* sub, float* sum) {
     const __m256 factor = _mm256_set1_ps(mul);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -233,6 +235,17 @@ struct Avx2KernelSet {
       _mm256_maskstore_ps(x + i, mask, e);
       _mm256_maskstore_ps(sum + i, mask, _mm256_add_ps(_mm256_maskload_ps(sum + i, mask), e));
     }
+  }
+
+  static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
+                            int /*pin_slot*/) {
+    for (int r = 0; r < rows; ++r) exp2_row_sum(x + r * ld, n, mul, sub, sum);
+  }
+
+  static void column_max(const float* x, int64_t ld, int rows, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = -std::numeric_limits<float>::infinity();
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < n; ++i) out[i] = std::max(out[i], x[r * ld + i]);
   }
 
   static void exp2_sub_scalar(float* x, int n, float mul, float sub) {

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "cpu/exp2_poly.hpp"
 #include "cpu/scratch.hpp"
@@ -151,14 +152,61 @@ struct Avx512KernelSet {
     }
   }
 
-  static void exp2_sub_vec_sum(float* x, int n, float mul, const float* sub, float* sum) {
+  // Columns in panels of kPanelColumns: the panel's running values stay in
+  // zmm registers down all rows, so each element of x is read once (was:
+  // a load and store of the sum per row).
+  static constexpr int kPanelVectors = 4;
+  static constexpr int kPanelColumns = 16 * kPanelVectors;
+
+  static void column_max(const float* x, int64_t ld, int rows, int n, float* out) {
+    for (int i0 = 0; i0 < n; i0 += kPanelColumns) {
+      __mmask16 mask[kPanelVectors];
+      __m512 best[kPanelVectors];
+      for (int v = 0; v < kPanelVectors; ++v) {
+        mask[v] = lanes_mask(n - i0 - 16 * v);
+        best[v] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      }
+      for (int r = 0; r < rows; ++r) {
+        const float* row = x + r * ld + i0;
+        // vmaxps returns its second operand when either is NaN: a NaN
+        // element leaves best as it was, like std::max(best, element).
+        for (int v = 0; v < kPanelVectors; ++v)
+          best[v] = _mm512_max_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), best[v]);
+      }
+      for (int v = 0; v < kPanelVectors; ++v) _mm512_mask_storeu_ps(out + i0 + 16 * v, mask[v], best[v]);
+    }
+  }
+
+  // One element's probability, the sum of a panel's column and the
+  // subtrahends, shared with the AMX kernel set's packing form.
+  static __m512 probability(__m512 score, __m512 factor, __m512 subtrahend, __mmask16 mask) {
+    return _mm512_maskz_mov_ps(mask, exp2_ps<kExp2Degree>(_mm512_fmsub_ps(score, factor, subtrahend)));
+  }
+
+  static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
+                            int /*pin_slot*/) {
     const __m512 factor = _mm512_set1_ps(mul);
-    for (int i = 0; i < n; i += 16) {
-      const __mmask16 mask = lanes_mask(n - i);
-      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
-      const __m512 e = exp2_ps<kExp2Degree>(v);
-      _mm512_mask_storeu_ps(x + i, mask, e);
-      _mm512_mask_storeu_ps(sum + i, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, sum + i), e));
+    for (int i0 = 0; i0 < n; i0 += kPanelColumns) {
+      __mmask16 mask[kPanelVectors];
+      __m512 subtrahend[kPanelVectors], total[kPanelVectors];
+      for (int v = 0; v < kPanelVectors; ++v) {
+        mask[v] = lanes_mask(n - i0 - 16 * v);
+        subtrahend[v] = _mm512_maskz_loadu_ps(mask[v], sub + i0 + 16 * v);
+        total[v] = _mm512_setzero_ps();
+      }
+      for (int r = 0; r < rows; ++r) {
+        float* row = x + r * ld + i0;
+        for (int v = 0; v < kPanelVectors; ++v) {
+          const __m512 p =
+              probability(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), factor, subtrahend[v], mask[v]);
+          _mm512_mask_storeu_ps(row + 16 * v, mask[v], p);
+          total[v] = _mm512_add_ps(total[v], p);
+        }
+      }
+      for (int v = 0; v < kPanelVectors; ++v) {
+        float* s = sum + i0 + 16 * v;
+        _mm512_mask_storeu_ps(s, mask[v], _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], s), total[v]));
+      }
     }
   }
 

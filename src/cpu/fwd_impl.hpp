@@ -6,15 +6,17 @@
 // K/V tiles the mask lets it see:
 //   S^T = K Q^T          (kBlockN, kBlockM), key-major so that the row-wise
 //                        softmax statistics are vertical vector operations
-//   online softmax       running max m and sum l per query in fp32, log2 units
+//   online softmax       running reference m (the maximum up to a slack,
+//                        kRescaleSlack) and sum l per query in fp32, log2 units
 //   O^T = O^T * alpha + V^T P^T (Dv, kBlockM), transposed like S^T: P^T is
 //                        S^T's storage, the rescale a vector op per row of
-//                        O^T, and with AMX P^T is a B operand packed by
-//                        pairing rows, K and V^T A operands packed once per
-//                        step (stage_kv)
+//                        O^T, and with AMX P^T is packed as a B operand
+//                        (pairs of rows) as its exp2 is computed, K and V^T
+//                        A operands packed once per step (stage_kv)
 // and O is divided by l once at the end. Invariant after each tile: for every
 // query, O = sum_j exp2(s_j - m) v_j and l = sum_j exp2(s_j - m) over the keys
-// seen so far; a new maximum m' rescales both by alpha = exp2(m - m').
+// seen so far; a tile whose maximum exceeds m by more than kRescaleSlack
+// moves m to it, m', and rescales both by alpha = exp2(m - m').
 #pragma once
 
 #include <omp.h>
@@ -40,6 +42,17 @@ namespace {
 // reaches it as 0 * inf). On a 256 x 128 diagonal tile this skips most of
 // the masked triangle (11% of the causal work at N = 1024).
 constexpr int kMaskedRun = 32;
+
+// The running maximum m of a query moves only when a tile's maximum exceeds
+// it by more than kRescaleSlack (log2 units): until then P = exp2(s - m) <=
+// 2^kRescaleSlack, harmless in fp32 and bf16, and O and l keep their scale.
+// O = P V / l is unchanged (m cancels) and LSE = m + log2(l) holds for any m.
+// With a strict maximum nearly every tile of random inputs moved some query's
+// m and rescaled the whole (dv, kBlockM) O^T; now it is rare.
+constexpr float kRescaleSlack = 8.0f;
+
+// The pin slot of P^T (slot 0 holds Q^T).
+constexpr int kPinnedP = 1;
 
 template <class Isa>
 void masked_scores(Isa& isa, const MaskPolicy& mask, const float* k_tile, int d, const float* q_t, int64_t m0,
@@ -112,33 +125,33 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
       isa.gemm(nk, nq, d, k_tile, d, 1, w.q_t + q_lo, kBlockM, s_t, kBlockM, false);  // S^T (nk, nq)
     const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, nullptr);
 
-    std::fill(tile_max, tile_max + nq, kNegInf);
-    for (int j = 0; j < nk; ++j) {
-      const float* s_row = s_t + j * kBlockM;
-      for (int i = 0; i < nq; ++i) tile_max[i] = std::max(tile_max[i], s_row[i]);
-    }
+    isa.column_max(s_t, kBlockM, nk, nq, tile_max);
     // alpha = exp2(m - m') as one vector exp2 over the tile's queries. A row
     // that has seen no visible key keeps m = -inf: alpha = exp2(-inf) = 0
     // (its O and l are 0 anyway), and the subtrahend 0 instead of -inf keeps
-    // exp2(s - m') at 0 rather than NaN.
+    // exp2(s - m') at 0 rather than NaN. m moves only when the tile's
+    // maximum exceeds it by more than kRescaleSlack (see the top).
     bool rescale = false;
     for (int i = 0; i < nq; ++i) {
-      const float new_max = std::max(row_max[i], tile_max[i] * factor);
+      const float seen = tile_max[i] * factor;
+      const float new_max = seen > row_max[i] + kRescaleSlack ? seen : row_max[i];
       rescale = rescale || new_max != row_max[i];
       alpha[i] = row_max[i];
       row_max[i] = new_max;
       tile_max[i] = new_max == kNegInf ? 0.0f : new_max;  // now the subtrahend
     }
-    isa.exp2_sub_vec(alpha, nq, 1.0f, tile_max);
-    for (int i = 0; i < nq; ++i) row_sum[i] *= alpha[i];
-    for (int j = 0; j < nk; ++j) isa.exp2_sub_vec_sum(s_t + j * kBlockM, nq, factor, tile_max, row_sum);
-    // Once the maxima settle (the common case) no alpha differs from 1.
+    const bool exact_output = masked && sees_few_keys(ctx.mask, m0 + q_lo, nq);
+    // Where P^T only feeds the plain P V gemm, a kernel set may keep it packed.
+    const bool packed_p = !ctx.dropout.enabled && !exact_output && !trimmed;
     if (rescale) {
+      isa.exp2_sub_vec(alpha, nq, 1.0f, tile_max);
+      for (int i = 0; i < nq; ++i) row_sum[i] *= alpha[i];
       for (int c = 0; c < dv; ++c) {
         float* o_row = o_t + c * kBlockM;
         for (int i = 0; i < nq; ++i) o_row[i] *= alpha[i];
       }
     }
+    isa.exp2_tile_sum(s_t, kBlockM, nk, nq, factor, tile_max, row_sum, packed_p ? kPinnedP : -1);
     // The normalizer l uses the undropped P; only P V sees the dropout mask.
     if (ctx.dropout.enabled) {
       float* drop = w.drop + q_lo;
@@ -151,12 +164,13 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     // one direction; the backward's D = dO . O then breaks sum_j dS_j = 0 of
     // that row and dQ, dK pick up the error (2x the bf16 reference on
     // top-left causal, Sq != Sk). Over many keys the rounding averages out.
-    if (masked && sees_few_keys(ctx.mask, m0 + q_lo, nq))
+    if (exact_output)
       isa.gemm_exact_b(dv, nq, nk, v_tile, 1, dv, s_t, kBlockM, o_t, kBlockM);
     else if (trimmed)
       masked_output(isa, ctx.mask, v_tile, dv, w.s_t, w.o_t, m0, q_lo, q_hi, k0, nk);
     else
       isa.gemm(dv, nq, nk, v_tile, 1, dv, s_t, kBlockM, o_t, kBlockM, true);
+    if (packed_p) isa.unpin_b(kPinnedP);
   }
   isa.unpin_b(0);
   isa.unshare(0);

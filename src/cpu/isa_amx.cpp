@@ -219,6 +219,45 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
 
   void unpin_b(int slot) { pinned[slot].source = nullptr; }
 
+  // With a pin slot, P^T is packed as pack_b would pack it (pairs of rows,
+  // one 16-column tile after another, each tile's pairs contiguous) while its
+  // exp2 is still in registers, and pinned as the B operand at x; x itself is
+  // not written. That drops P^T's fp32 store and pack_b's pass over it.
+  void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum, int pin_slot) {
+    if (pin_slot < 0) {
+      Base::exp2_tile_sum(x, ld, rows, n, mul, sub, sum, pin_slot);
+      return;
+    }
+    PinnedB& pin = pinned[pin_slot];
+    const int pairs = round_up(rows, 32) / 2;
+    const int64_t plane = int64_t{round_up(n, 16)} * pairs;
+    const __m512 factor = _mm512_set1_ps(mul);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const __mmask16 mask = lanes_mask(n - j0);
+      const __m512 subtrahend = _mm512_maskz_loadu_ps(mask, sub + j0);
+      __m512 total = _mm512_setzero_ps();
+      uint32_t* tile_pairs = pin.packed + int64_t{j0} * pairs;  // (pairs, 16) of this column tile
+      const auto probability_of_row = [&](int r) {
+        if (r >= rows) return _mm512_setzero_ps();
+        return Base::probability(_mm512_maskz_loadu_ps(mask, x + r * ld + j0), factor, subtrahend, mask);
+      };
+      for (int t = 0; t < pairs; ++t) {
+        const __m512 p0 = probability_of_row(2 * t), p1 = probability_of_row(2 * t + 1);
+        total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
+        __m512 pieces0[kPieces], pieces1[kPieces];
+        split_pieces<kPieces>(p0, pieces0);
+        split_pieces<kPieces>(p1, pieces1);
+        for (int piece = 0; piece < kPieces; ++piece)
+          _mm512_storeu_si512(tile_pairs + piece * plane + t * 16, pair_rows(pieces0[piece], pieces1[piece]));
+      }
+      _mm512_mask_storeu_ps(sum + j0, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, sum + j0), total));
+    }
+    pin.source = x;
+    pin.k = rows;
+    pin.n = n;
+    pin.ldb = ld;
+  }
+
   // Packs chunk `chunk` (its first `rows` staged rows) of a shared operand.
   static void pack_chunk(const SharedOperand& op, int64_t chunk, int rows) {
     const float* src = op.source + chunk * op.chunk_floats();

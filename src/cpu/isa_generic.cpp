@@ -1,5 +1,6 @@
 // The portable kernel set: plain loops in the order the compiler vectorizes
 // (contiguous innermost), for any CPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -49,10 +50,20 @@ struct GenericKernels {
     for (int i = 0; i < n; ++i) x[i] = std::exp2(x[i] * mul - sub[i]);
   }
 
-  static void exp2_sub_vec_sum(float* x, int n, float mul, const float* sub, float* sum) {
-    for (int i = 0; i < n; ++i) {
-      x[i] = std::exp2(x[i] * mul - sub[i]);
-      sum[i] += x[i];
+  static void column_max(const float* x, int64_t ld, int rows, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = kNegInf;
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < n; ++i) out[i] = std::max(out[i], x[r * ld + i]);
+  }
+
+  static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
+                            int /*pin_slot*/) {
+    for (int r = 0; r < rows; ++r) {
+      float* row = x + r * ld;
+      for (int i = 0; i < n; ++i) {
+        row[i] = std::exp2(row[i] * mul - sub[i]);
+        sum[i] += row[i];
+      }
     }
   }
 

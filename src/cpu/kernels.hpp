@@ -10,7 +10,14 @@
 //                   overwriting A with it; the others are gemm
 //   gemm_exact_b    the same for a B that holds P
 //   exp2_sub_vec    x[i] = exp2(x[i] * mul - sub[i])
-//   exp2_sub_vec_sum  the same, and sum[i] += x[i]
+//   column_max      out[i] = max over r < rows of x[r * ld + i], i < n, a
+//                   NaN element ignored as by std::max(out, x)
+//   exp2_tile_sum   x[r * ld + i] = exp2(x[r * ld + i] * mul - sub[i]) for
+//                   r < rows, i < n, and sum[i] += the new column sums;
+//                   with pin_slot >= 0 the caller reads x afterwards only as
+//                   the B operand (k = rows, n, ldb = ld) of gemms until
+//                   unpin_b(pin_slot): a kernel set that packs B (AMX) packs
+//                   it in that slot straight away and leaves x unwritten
 //   exp2_sub_scalar x[i] = exp2(x[i] * mul - sub)
 //   load_row        n elements of dtype -> fp32
 //   store_row       n fp32 -> dtype, round to nearest even
