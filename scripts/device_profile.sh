@@ -10,7 +10,9 @@
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
 #   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes (also
 #                                  b8_32k_s2, b8_32k_p16_s2: B = 8, 32k keys, two splits = one block per SM,
-#                                  contiguous and paged 16; b1_16: B = 1, 16 keys, a call's fixed cost)
+#                                  contiguous and paged 16; b1_16: B = 1, 16 keys, a call's fixed cost;
+#                                  b64_4k; cudnn_b64_4k cudnn_b1_4k cudnn_b1_16: torch SDPA's cuDNN
+#                                  kernel on the same attention, every kernel of the call)
 #   FA_FWD_CASES="fwd128 fwd64"    which forward shapes (also fwd128_4k, fwd128_causal_4k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +39,11 @@ SECTIONS=(--section SpeedOfLight --section WarpStateStats --section SchedulerSta
 profile() {  # profile NAME KERNEL_REGEX COMMAND...
   local name=$1 regex=$2
   shift 2
-  timeout 150 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip 1 \
-    --launch-count 1 "${SECTIONS[@]}" "$@" >"$OUT/ncu/$name.txt" 2>&1
+  # FA_NCU_LAUNCHES=all: every matching launch after the first call's (a call of several kernels).
+  local launches=(--launch-skip 1 --launch-count 1)
+  [[ ${FA_NCU_LAUNCHES:-} == all ]] && launches=()
+  timeout 150 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" "${launches[@]}" \
+    "${SECTIONS[@]}" "$@" >"$OUT/ncu/$name.txt" 2>&1
   note "== ncu $name: exit $? | $(grep -m1 -E 'Duration' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'DRAM Throughput' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu/$name.txt" | tr -s ' ')"
 }
 
@@ -50,6 +55,14 @@ if has decode; then
   decode_case b1_4k && profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
   decode_case combine_b1_4k && profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
   decode_case b1_16 && profile decode_b1_16 split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 16
+  decode_case b64_4k && profile decode_b64_4k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 4096
+  # cuDNN's call may run more than one kernel: every kernel of the second call is profiled.
+  for shape in "64 4096" "1 4096" "1 16"; do
+    set -- $shape
+    name=cudnn_b$1_$(( $2 >= 1024 ? $2 / 1024 : $2 ))$( (( $2 >= 1024 )) && echo k)
+    decode_case "$name" && FA_NCU_LAUNCHES=all profile "$name" '.*' python3 bench/gpu/profile_decode.py --batch "$1" \
+      --cache "$2" --sdpa cudnn
+  done
   decode_case b8_32k_s2 && profile decode_b8_32k_s2 split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --splits 2
   decode_case b8_32k_p16_s2 && profile decode_b8_32k_p16_s2 split_kv \
     python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --paged 16 --splits 2

@@ -4,7 +4,9 @@
         python3 bench/gpu/profile_decode.py --batch 64 --cache 32768 [--paged 16]
 
 Shapes as bench_decode.py's: Sq = 1, bf16, D = 128, Hkv = 8, H = 32. Two calls: the first warms up
-(module load, function attributes), the profiler skips it.
+(module load, function attributes), the profiler skips it. With --sdpa cudnn|flash|efficient the
+calls are torch SDPA's on the same cache instead ((B, Hkv, S, D) views, enable_gqa), as bench_decode.py
+times them, so that its kernel can be profiled next to ours.
 """
 import argparse
 import os
@@ -25,6 +27,7 @@ def main():
     parser.add_argument("--cache", type=int, default=32768)
     parser.add_argument("--paged", type=int, default=0, help="page size (0: contiguous cache)")
     parser.add_argument("--splits", type=int, default=0)
+    parser.add_argument("--sdpa", choices=("cudnn", "flash", "efficient"), default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
     batch, seqlen, heads, heads_kv, dim = args.batch, args.cache, 32, 8, 128
@@ -34,6 +37,16 @@ def main():
     out = torch.empty_like(q)
     seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     table = None
+    if args.sdpa:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.sdpa]
+        qh, kh, vh = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        for _ in range(2):
+            with sdpa_kernel(backend):
+                torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+        torch.cuda.synchronize()
+        return
     if args.paged:
         k_cache, v_cache, table = make_paged(k_cache, v_cache, args.paged)
     run = KvCache(FlashAttn(args.lib)).call(q, k_cache, v_cache, out, seqlens, block_table=table,
