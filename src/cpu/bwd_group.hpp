@@ -57,6 +57,10 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
   }
   isa.pin_b(0, w.q_t, d, mq, kBlockM);
   isa.pin_b(1, w.dout_t, dv, mq, kBlockM);
+  // dO and Q rows as the B operands of dV += P^T dO and dK += dS^T Q: the
+  // same for every K/V tile that the whole Q tile sees.
+  isa.pin_b(2, w.dout, mq, dv, dv);
+  isa.pin_b(3, w.q, mq, d, d);
   std::fill(w.dq, w.dq + static_cast<int64_t>(mq) * d, 0.0f);
 
   const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
@@ -111,8 +115,7 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
              true);                                                                                     // dK += dS^T Q
     isa.gemm(nq, d, nk, dp_t, 1, kBlockM, k_tile, d, w.dq + static_cast<int64_t>(q_lo) * d, d, true);  // dQ += dS K
   }
-  isa.unpin_b(0);
-  isa.unpin_b(1);
+  for (int slot = 0; slot < 4; ++slot) isa.unpin_b(slot);
   store_tile<Isa>(p.dq, p.dtype, p.dq_layout, b, seq.q_row0 + m0, h, mq, d, w.dq, d, p.softmax_scale, w.row_tmp);
 }
 
@@ -126,9 +129,17 @@ void group_grads(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, int64_t
   load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), 0, nk, dv, w.v, dv);
   std::fill(w.dk, w.dk + seq.seqlen_k * d, 0.0f);
   std::fill(w.dv, w.dv + seq.seqlen_k * dv, 0.0f);
+  const SharedOperand* packed[] = {&w.k_a, &w.v_a, &w.k_b};
+  for (int slot = 0; slot < 3; ++slot) {
+    if (packed[slot]->packed == nullptr) continue;
+    for (int64_t chunk = 0; chunk * kBlockN < nk; ++chunk)
+      Isa::pack_chunk(*packed[slot], chunk, static_cast<int>(std::min<int64_t>(kBlockN, nk - chunk * kBlockN)));
+    isa.share(slot, *packed[slot]);
+  }
   const int64_t group = p.heads / p.heads_kv;
   for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h)
     for (int64_t m0 = 0; m0 < seq.seqlen_q; m0 += kBlockM) group_q_tile<Isa>(isa, p, w, seq, b, h, m0);
+  for (int slot = 0; slot < 3; ++slot) isa.unshare(slot);
   const float kept = p.dropout.enabled ? p.dropout.keep_scale : 1.0f;
   store_tile<Isa>(p.dk, p.dtype, p.dk_layout, b, seq.k_row0, h_kv, nk, d, w.dk, d, p.softmax_scale, w.row_tmp);
   store_tile<Isa>(p.dv, p.dtype, p.dv_layout, b, seq.k_row0, h_kv, nk, dv, w.dv, dv, kept, w.row_tmp);

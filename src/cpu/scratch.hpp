@@ -310,6 +310,11 @@ struct BwdGroupScratch {
   float* v;       // (seqlen_k, Dv)
   float* dk;      // (seqlen_k, D) dK sums over the group's query heads
   float* dv;      // (seqlen_k, Dv)
+  // K and V packed once per group (AMX kernel sets) as the A operands of
+  // S^T = K Q^T and dP^T = V dO^T and K as the B operand of dQ += dS K,
+  // chunks of kBlockN rows: each tile's K and V feed every Q tile of every
+  // query head of the group.
+  SharedOperand k_a, v_a, k_b;
   float* q;       // (kBlockM, D)  B operand of dK += dS^T Q
   float* q_t;     // (D, kBlockM)  B operand of S^T = K Q^T
   float* dout;    // (kBlockM, Dv) B operand of dV += P^T dO
@@ -333,6 +338,9 @@ inline BwdGroupScratch carve_bwd_group(ScratchArena& arena, const AttnParams& p)
   s.v = arena.take_floats(p.seqlen_k * p.head_dim_v);
   s.dk = arena.take_floats(p.seqlen_k * p.head_dim);
   s.dv = arena.take_floats(p.seqlen_k * p.head_dim_v);
+  s.k_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.k, p.seqlen_k, kBlockN, p.head_dim);
+  s.v_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.v, p.seqlen_k, kBlockN, p.head_dim_v);
+  s.k_b = carve_shared_operand(arena, p, OperandRole::kRowsB, s.k, p.seqlen_k, kBlockN, p.head_dim);
   s.q = arena.take_floats(kBlockM * p.head_dim);
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.dout = arena.take_floats(kBlockM * p.head_dim_v);
