@@ -180,6 +180,34 @@ void split_pieces(__m512 x, __m512 pieces[kPieces]) {
   }
 }
 
+// The pieces of a probability p (finite, 0 <= p <= 2^kRescaleSlack, or NaN)
+// by Veltkamp splitting instead of three roundings: with c = 2^16 + 1,
+// hi = c p - (c p - p) keeps the top 8 significant bits of p (rounded to
+// nearest) and p - hi is exact with at most 15 bits; split again, the three
+// pieces hold every bit of p, each representable in bf16, in 8 vector
+// operations instead of 15. (Pieces below 2^-126 flush to 0 in the bf16
+// conversion: an absolute error under 2^-126.) Not for general operands:
+// c p overflows above 2^111.
+template <int kPieces>
+void split_probability(__m512 p, __m512 pieces[kPieces]) {
+  if constexpr (kPieces == 1) {
+    pieces[0] = p;
+  } else {
+    // Each operation rounded on its own: GCC's plain _mm512_mul_ps and
+    // _mm512_sub_ps are vector arithmetic it may fuse into an FMA
+    // (-ffp-contract=fast), which computes c p - p exactly and breaks the split.
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 splitter = _mm512_set1_ps(65537.0f);
+    __m512 rest = p;
+    for (int i = 0; i + 1 < kPieces; ++i) {
+      const __m512 scaled = _mm512_mul_round_ps(rest, splitter, kNearest);
+      pieces[i] = _mm512_sub_round_ps(scaled, _mm512_sub_round_ps(scaled, rest, kNearest), kNearest);
+      rest = _mm512_sub_round_ps(rest, pieces[i], kNearest);
+    }
+    pieces[kPieces - 1] = rest;
+  }
+}
+
 // bf16 tensors (kPieces = 1) take the cheaper exp2 (avx512_kernels.hpp).
 template <int kPieces>
 struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
@@ -245,8 +273,8 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
         const __m512 p0 = probability_of_row(2 * t), p1 = probability_of_row(2 * t + 1);
         total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
         __m512 pieces0[kPieces], pieces1[kPieces];
-        split_pieces<kPieces>(p0, pieces0);
-        split_pieces<kPieces>(p1, pieces1);
+        split_probability<kPieces>(p0, pieces0);
+        split_probability<kPieces>(p1, pieces1);
         for (int piece = 0; piece < kPieces; ++piece)
           _mm512_storeu_si512(tile_pairs + piece * plane + t * 16, pair_rows(pieces0[piece], pieces1[piece]));
       }
