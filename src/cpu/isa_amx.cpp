@@ -134,10 +134,9 @@ __m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
 }
 
 // kPieces = 1: bf16 tensors, each operand rounded to bf16 (exact for Q, K,
-// V, dO). kPieces = 3: fp32 tensors, each operand split without error into
-// x = x0 + x1 + x2 (+ r) with bf16 pieces, x0 = bf16(x), x1 = bf16(x - x0),
-// x2 = bf16(x - x0 - x1): every rounding to nearest leaves at most 2^-8 of
-// what it rounds, so |r| <= 2^-24 |x|, fp32's own unit roundoff. A B is then
+// V, dO). kPieces = 3: fp32 tensors, each operand split into x = x0 + x1 +
+// x2 (+ r) with bf16 pieces of decreasing size (split_pieces: r = 0 below
+// 2^100, else |r| <= 2^-24 |x|, fp32's own unit roundoff). A B is then
 // the sum of the 6 piece products whose size is >= 2^-16 |A B| (the 3
 // dropped ones are <= 2^-24 |A B|, like fp32 rounding). Products of bf16 are
 // exact in fp32 and TDPBF16PS accumulates in fp32, so the result carries the
@@ -162,13 +161,37 @@ struct SplitProducts<3> {
 
 __m512 round_to_bf16(__m512 x) { return bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))); }
 
-// The bf16 pieces of x, as fp32 lanes. An infinite or NaN x0 takes all of
-// x, and the other pieces are 0 (inf - inf would make them NaN).
+// The bf16 pieces of x, as fp32 lanes, by Veltkamp splitting: with
+// c = 2^16 + 1, hi = c x - (c x - x) keeps the top 8 significant bits of x
+// (rounded to nearest) and x - hi is exact with at most 15 bits; split
+// again, the three pieces hold every bit of x, each representable in bf16
+// (a piece below 2^-126 flushes to 0 in the bf16 conversion: an absolute
+// error under 2^-126), in 8 vector operations. A vector with a lane where
+// c x could overflow (|x| >= 2^100), an infinity or a NaN takes three
+// roundings to bf16 instead, with |x - x0 - x1 - x2| <= 2^-24 |x|; there an
+// infinite or NaN x0 takes all of x, and the other pieces are 0 (inf - inf
+// would make them NaN).
 template <int kPieces>
 void split_pieces(__m512 x, __m512 pieces[kPieces]) {
   if constexpr (kPieces == 1) {
     pieces[0] = x;
   } else {
+    const __mmask16 moderate = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(0x1p100f), _CMP_LT_OQ);
+    if (moderate == 0xFFFF) {
+      // Each operation rounded on its own: GCC's plain _mm512_mul_ps and
+      // _mm512_sub_ps are vector arithmetic it may fuse into an FMA
+      // (-ffp-contract=fast), which computes c x - x exactly and breaks the split.
+      constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      const __m512 splitter = _mm512_set1_ps(65537.0f);
+      __m512 rest = x;
+      for (int i = 0; i + 1 < kPieces; ++i) {
+        const __m512 scaled = _mm512_mul_round_ps(rest, splitter, kNearest);
+        pieces[i] = _mm512_sub_round_ps(scaled, _mm512_sub_round_ps(scaled, rest, kNearest), kNearest);
+        rest = _mm512_sub_round_ps(rest, pieces[i], kNearest);
+      }
+      pieces[kPieces - 1] = rest;
+      return;
+    }
     constexpr int kNanOrInf = 0x01 | 0x08 | 0x10 | 0x80;  // vfpclassps: QNaN, +Inf, -Inf, SNaN
     pieces[0] = round_to_bf16(x);
     const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(pieces[0], kNanOrInf));
@@ -177,34 +200,6 @@ void split_pieces(__m512 x, __m512 pieces[kPieces]) {
       pieces[i] = round_to_bf16(rest);
       rest = _mm512_sub_ps(rest, pieces[i]);
     }
-  }
-}
-
-// The pieces of a probability p (finite, 0 <= p <= 2^kRescaleSlack, or NaN)
-// by Veltkamp splitting instead of three roundings: with c = 2^16 + 1,
-// hi = c p - (c p - p) keeps the top 8 significant bits of p (rounded to
-// nearest) and p - hi is exact with at most 15 bits; split again, the three
-// pieces hold every bit of p, each representable in bf16, in 8 vector
-// operations instead of 15. (Pieces below 2^-126 flush to 0 in the bf16
-// conversion: an absolute error under 2^-126.) Not for general operands:
-// c p overflows above 2^111.
-template <int kPieces>
-void split_probability(__m512 p, __m512 pieces[kPieces]) {
-  if constexpr (kPieces == 1) {
-    pieces[0] = p;
-  } else {
-    // Each operation rounded on its own: GCC's plain _mm512_mul_ps and
-    // _mm512_sub_ps are vector arithmetic it may fuse into an FMA
-    // (-ffp-contract=fast), which computes c p - p exactly and breaks the split.
-    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m512 splitter = _mm512_set1_ps(65537.0f);
-    __m512 rest = p;
-    for (int i = 0; i + 1 < kPieces; ++i) {
-      const __m512 scaled = _mm512_mul_round_ps(rest, splitter, kNearest);
-      pieces[i] = _mm512_sub_round_ps(scaled, _mm512_sub_round_ps(scaled, rest, kNearest), kNearest);
-      rest = _mm512_sub_round_ps(rest, pieces[i], kNearest);
-    }
-    pieces[kPieces - 1] = rest;
   }
 }
 
@@ -273,8 +268,8 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
         const __m512 p0 = probability_of_row(2 * t), p1 = probability_of_row(2 * t + 1);
         total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
         __m512 pieces0[kPieces], pieces1[kPieces];
-        split_probability<kPieces>(p0, pieces0);
-        split_probability<kPieces>(p1, pieces1);
+        split_pieces<kPieces>(p0, pieces0);
+        split_pieces<kPieces>(p1, pieces1);
         for (int piece = 0; piece < kPieces; ++piece)
           _mm512_storeu_si512(tile_pairs + piece * plane + t * 16, pair_rows(pieces0[piece], pieces1[piece]));
       }
