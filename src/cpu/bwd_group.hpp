@@ -9,7 +9,7 @@
 //   S^T = K Q^T, P^T = exp2(S^T - LSE)      (kBlockN, kBlockM), key-major
 //   dP^T = V dO^T, dS^T = P^T o (dP^T - delta)
 //   dV[tile] += P^T dO,  dK[tile] += dS^T Q  (the group's sums)
-//   dQ += dS K                               (the Q tile's sum)
+//   dQ^T += K^T dS^T                         (the Q tile's sum)
 // storing dQ after the tile's last K/V tile, dK and dV after the group's last
 // Q tile. Every sum is taken in that fixed order by one thread, so the bits
 // do not depend on the thread count or on which thread takes the group.
@@ -61,7 +61,7 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
   // same for every K/V tile that the whole Q tile sees.
   isa.pin_b(2, w.dout, mq, dv, dv);
   isa.pin_b(3, w.q, mq, d, d);
-  std::fill(w.dq, w.dq + static_cast<int64_t>(mq) * d, 0.0f);
+  for (int c = 0; c < d; ++c) std::fill(w.dq_t + c * kBlockM, w.dq_t + c * kBlockM + mq, 0.0f);
 
   const float kept = ctx.dropout.enabled ? ctx.dropout.keep_scale : 1.0f;
   const int64_t key_begin = ctx.mask.key_begin(m0);
@@ -113,10 +113,17 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
       isa.gemm(nk, dv, nq, s_t, kBlockM, 1, dout, dv, dv_acc, dv, true);
     isa.gemm(nk, d, nq, dp_t, kBlockM, 1, w.q + static_cast<int64_t>(q_lo) * d, d, w.dk + k0 * d, d,
              true);                                                                                     // dK += dS^T Q
-    isa.gemm(nq, d, nk, dp_t, 1, kBlockM, k_tile, d, w.dq + static_cast<int64_t>(q_lo) * d, d, true);  // dQ += dS K
+    // dQ^T += K^T dS^T (d, nq): dS^T is then a B operand read by rows, where
+    // dQ += dS K read it transposed as an A operand (16 x 16 transposes per
+    // block when packed for AMX).
+    isa.gemm(d, nq, nk, k_tile, 1, d, dp_t, kBlockM, w.dq_t + q_lo, kBlockM, true);
   }
   for (int slot = 0; slot < 4; ++slot) isa.unpin_b(slot);
-  store_tile<Isa>(p.dq, p.dtype, p.dq_layout, b, seq.q_row0 + m0, h, mq, d, w.dq, d, p.softmax_scale, w.row_tmp);
+  for (int c = 0; c < d; ++c) {
+    float* dq_row = w.dq_t + c * kBlockM;
+    for (int i = 0; i < mq; ++i) dq_row[i] *= p.softmax_scale;
+  }
+  store_tile_transposed<Isa>(p.dq, p.dtype, p.dq_layout, b, seq.q_row0 + m0, h, mq, d, w.dq_t, kBlockM, w.row_tmp);
 }
 
 // Every gradient of kv head h_kv of sequence b and of its query heads.
@@ -129,7 +136,7 @@ void group_grads(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, int64_t
   load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv), 0, nk, dv, w.v, dv);
   std::fill(w.dk, w.dk + seq.seqlen_k * d, 0.0f);
   std::fill(w.dv, w.dv + seq.seqlen_k * dv, 0.0f);
-  const SharedOperand* packed[] = {&w.k_a, &w.v_a, &w.k_b};
+  const SharedOperand* packed[] = {&w.k_a, &w.v_a, &w.kt_a};
   for (int slot = 0; slot < 3; ++slot) {
     if (packed[slot]->packed == nullptr) continue;
     for (int64_t chunk = 0; chunk * kBlockN < nk; ++chunk)

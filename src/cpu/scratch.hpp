@@ -311,10 +311,10 @@ struct BwdGroupScratch {
   float* dk;      // (seqlen_k, D) dK sums over the group's query heads
   float* dv;      // (seqlen_k, Dv)
   // K and V packed once per group (AMX kernel sets) as the A operands of
-  // S^T = K Q^T and dP^T = V dO^T and K as the B operand of dQ += dS K,
-  // chunks of kBlockN rows: each tile's K and V feed every Q tile of every
-  // query head of the group.
-  SharedOperand k_a, v_a, k_b;
+  // S^T = K Q^T and dP^T = V dO^T, and K^T as the A operand of
+  // dQ^T += K^T dS^T, chunks of kBlockN rows: each tile's K and V feed every
+  // Q tile of every query head of the group.
+  SharedOperand k_a, v_a, kt_a;
   float* q;       // (kBlockM, D)  B operand of dK += dS^T Q
   float* q_t;     // (D, kBlockM)  B operand of S^T = K Q^T
   float* dout;    // (kBlockM, Dv) B operand of dV += P^T dO
@@ -323,7 +323,7 @@ struct BwdGroupScratch {
   float* dp_t;    // (kBlockN, kBlockM) dP^T, then dS^T
   float* tanh;    // (kBlockN, kBlockM) only with softcap
   float* drop;    // (kBlockN, kBlockM) only with dropout
-  float* dq;      // (kBlockM, D)
+  float* dq_t;    // (D, kBlockM) dQ^T, transposed like S^T
   float* lse2;    // (kBlockM)
   float* delta;   // (kBlockM)
   float* row_tmp;   // (kTransposeRows, max(D, Dv))
@@ -340,7 +340,7 @@ inline BwdGroupScratch carve_bwd_group(ScratchArena& arena, const AttnParams& p)
   s.dv = arena.take_floats(p.seqlen_k * p.head_dim_v);
   s.k_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.k, p.seqlen_k, kBlockN, p.head_dim);
   s.v_a = carve_shared_operand(arena, p, OperandRole::kRowsA, s.v, p.seqlen_k, kBlockN, p.head_dim_v);
-  s.k_b = carve_shared_operand(arena, p, OperandRole::kRowsB, s.k, p.seqlen_k, kBlockN, p.head_dim);
+  s.kt_a = carve_shared_operand(arena, p, OperandRole::kTransposedA, s.k, p.seqlen_k, kBlockN, p.head_dim);
   s.q = arena.take_floats(kBlockM * p.head_dim);
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.dout = arena.take_floats(kBlockM * p.head_dim_v);
@@ -349,7 +349,7 @@ inline BwdGroupScratch carve_bwd_group(ScratchArena& arena, const AttnParams& p)
   s.dp_t = arena.take_floats(tile);
   s.tanh = p.softcap > 0.0f ? arena.take_floats(tile) : nullptr;
   s.drop = p.dropout.enabled ? arena.take_floats(tile) : nullptr;
-  s.dq = arena.take_floats(kBlockM * p.head_dim);
+  s.dq_t = arena.take_floats(p.head_dim * kBlockM);
   s.lse2 = arena.take_floats(kBlockM);
   s.delta = arena.take_floats(kBlockM);
   s.row_tmp = arena.take_floats(kTransposeRows * std::max(p.head_dim, p.head_dim_v));
