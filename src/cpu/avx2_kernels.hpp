@@ -175,6 +175,17 @@ struct Avx2KernelSet {
   static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
   void share(int /*slot*/, const SharedOperand& /*op*/) {}
   void unshare(int /*slot*/) {}
+  // Only the AMX kernel sets pack bf16 rows without staging them (isa_amx.cpp).
+  template <class Rows>
+  static bool pack_chunk_from_rows(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/, const Rows& /*src*/,
+                                   int64_t /*first_row*/) {
+    return false;
+  }
+  template <class Rows>
+  static bool pin_b_from_rows(int /*slot*/, const Rows& /*src*/, int64_t /*first_row*/, int /*rows*/, int /*cols*/,
+                              const float* /*b*/, int64_t /*ldb*/) {
+    return false;
+  }
 
   // Per 16-column panel of B: pack it (16 KiB at most, on the stack), then
   // run down all rows of A with it, so the panel stays in L1 while A streams

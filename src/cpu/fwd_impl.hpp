@@ -87,8 +87,12 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
   const ScoreContext ctx = score_context(p, seq, b, h);
 
   const RowsView q_rows = rows_view(p.q, p.dtype, p.q_layout, b, seq.q_row0, h);
-  load_tile_transposed<Isa>(q_rows, m0, mq, d, w.q_t, kBlockM, w.row_tmp);
-  isa.pin_b(0, w.q_t, d, mq, kBlockM);
+  // With AMX and bf16, Q^T is packed straight from Q's rows and w.q_t is
+  // only the pin's name.
+  if (!isa.pin_b_from_rows(0, q_rows, m0, mq, d, w.q_t, kBlockM)) {
+    load_tile_transposed<Isa>(q_rows, m0, mq, d, w.q_t, kBlockM, w.row_tmp);
+    isa.pin_b(0, w.q_t, d, mq, kBlockM);
+  }
 
   for (int c = 0; c < dv; ++c) std::fill(w.o_t + c * kBlockM, w.o_t + c * kBlockM + mq, 0.0f);
   std::fill(w.row_max, w.row_max + mq, kNegInf);

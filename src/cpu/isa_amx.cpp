@@ -69,6 +69,7 @@ bool amx_supported() {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "cpu/amx_pieces.hpp"
 #include "cpu/avx512_kernels.hpp"
 #include "cpu/bwd_impl.hpp"
 #include "cpu/fwd_impl.hpp"
@@ -76,132 +77,6 @@ bool amx_supported() {
 namespace flashattn {
 namespace cpu {
 namespace {
-
-int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// Palette 1, all eight tiles 16 rows x 64 bytes.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-  AmxTileConfig() {
-    for (int t = 0; t < 8; ++t) {
-      bytes_per_row[t] = 64;
-      rows[t] = 16;
-    }
-  }
-};
-
-// Interleaves two rows of 16 fp32 into 16 bf16 pairs (r0[j], r1[j]).
-__m512i pair_rows(__m512 r0, __m512 r1) {
-  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // r0 in words 0..15, r1 in 16..31
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(order, both);
-}
-
-// In-register transpose of a 16 x 16 block of 32-bit words.
-void transpose16x16(__m512i rows[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    rows[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    rows[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    rows[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    rows[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
-__m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
-  return present ? _mm512_maskz_loadu_ps(mask, row) : _mm512_setzero_ps();
-}
-
-// kPieces = 1: bf16 tensors, each operand rounded to bf16 (exact for Q, K,
-// V, dO). kPieces = 3: fp32 tensors, each operand split into x = x0 + x1 +
-// x2 (+ r) with bf16 pieces of decreasing size (split_pieces: r = 0 below
-// 2^100, else |r| <= 2^-24 |x|, fp32's own unit roundoff). A B is then
-// the sum of the 6 piece products whose size is >= 2^-16 |A B| (the 3
-// dropped ones are <= 2^-24 |A B|, like fp32 rounding). Products of bf16 are
-// exact in fp32 and TDPBF16PS accumulates in fp32, so the result carries the
-// error of an fp32 sum of 6 k terms. The 5 small products go first, over
-// all of k, while the running sum is small (its roundings are then 2^-8 of
-// the main sum's), and the main one x0 y0 last. Within a k step the small
-// ones are ordered so that each reloads only one operand piece.
-template <int kPieces>
-struct SplitProducts;
-template <>
-struct SplitProducts<1> {
-  static constexpr int kSmall = 0;
-  static constexpr int a[1] = {0};
-  static constexpr int b[1] = {0};
-};
-template <>
-struct SplitProducts<3> {
-  static constexpr int kSmall = 5;
-  static constexpr int a[5] = {2, 1, 1, 0, 0};
-  static constexpr int b[5] = {0, 0, 1, 1, 2};
-};
-
-__m512 round_to_bf16(__m512 x) { return bf16_to_ps(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))); }
-
-// The bf16 pieces of x, as fp32 lanes, by Veltkamp splitting: with
-// c = 2^16 + 1, hi = c x - (c x - x) keeps the top 8 significant bits of x
-// (rounded to nearest) and x - hi is exact with at most 15 bits; split
-// again, the three pieces hold every bit of x, each representable in bf16
-// (a piece below 2^-126 flushes to 0 in the bf16 conversion: an absolute
-// error under 2^-126), in 8 vector operations. A vector with a lane where
-// c x could overflow (|x| >= 2^100), an infinity or a NaN takes three
-// roundings to bf16 instead, with |x - x0 - x1 - x2| <= 2^-24 |x|; there an
-// infinite or NaN x0 takes all of x, and the other pieces are 0 (inf - inf
-// would make them NaN).
-template <int kPieces>
-void split_pieces(__m512 x, __m512 pieces[kPieces]) {
-  if constexpr (kPieces == 1) {
-    pieces[0] = x;
-  } else {
-    const __mmask16 moderate = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(0x1p100f), _CMP_LT_OQ);
-    if (moderate == 0xFFFF) {
-      // Each operation rounded on its own: GCC's plain _mm512_mul_ps and
-      // _mm512_sub_ps are vector arithmetic it may fuse into an FMA
-      // (-ffp-contract=fast), which computes c x - x exactly and breaks the split.
-      constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-      const __m512 splitter = _mm512_set1_ps(65537.0f);
-      __m512 rest = x;
-      for (int i = 0; i + 1 < kPieces; ++i) {
-        const __m512 scaled = _mm512_mul_round_ps(rest, splitter, kNearest);
-        pieces[i] = _mm512_sub_round_ps(scaled, _mm512_sub_round_ps(scaled, rest, kNearest), kNearest);
-        rest = _mm512_sub_round_ps(rest, pieces[i], kNearest);
-      }
-      pieces[kPieces - 1] = rest;
-      return;
-    }
-    constexpr int kNanOrInf = 0x01 | 0x08 | 0x10 | 0x80;  // vfpclassps: QNaN, +Inf, -Inf, SNaN
-    pieces[0] = round_to_bf16(x);
-    const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(pieces[0], kNanOrInf));
-    __m512 rest = _mm512_maskz_sub_ps(finite, x, pieces[0]);
-    for (int i = 1; i < kPieces; ++i) {
-      pieces[i] = round_to_bf16(rest);
-      rest = _mm512_sub_ps(rest, pieces[i]);
-    }
-  }
-}
 
 // bf16 tensors (kPieces = 1) take the cheaper exp2 (avx512_kernels.hpp).
 template <int kPieces>
@@ -279,6 +154,39 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     pin.k = rows;
     pin.n = n;
     pin.ldb = ld;
+  }
+
+  // bf16 rows (src: a RowsView, rows from first_row) packed straight into a
+  // shared operand's chunk or a pin slot, as pack_chunk and pin_b would pack
+  // them staged as fp32: the fp32 rows are then never written, and every
+  // gemm that reads them must find the packing (as each does in the
+  // forward). False, doing nothing, for other dtypes and fp32's pieces.
+  template <class Rows>
+  static bool pack_chunk_from_rows(const SharedOperand& op, int64_t chunk, int rows, const Rows& src, int64_t first_row) {
+    if (kPieces != 1 || src.dtype != FA_DTYPE_BF16 || op.role == OperandRole::kRowsB) return false;
+    const char* base = src.base + first_row * src.row_stride_bytes;
+    uint16_t* dst = op.chunk_packed(chunk, kPieces);
+    if (op.role == OperandRole::kRowsA)
+      pack_bf16_rows_a(base, src.row_stride_bytes, rows, op.cols, op.plane_rows(), op.plane_row_length(), dst);
+    else
+      pack_bf16_rows_transposed_a(base, src.row_stride_bytes, rows, op.cols, op.plane_rows(), op.plane_row_length(),
+                                  dst);
+    return true;
+  }
+
+  // B = the transpose of `rows` rows of `cols` bf16, pinned under the name
+  // of its fp32 copy b (k = cols, n = rows, ldb), which is not written.
+  template <class Rows>
+  bool pin_b_from_rows(int slot, const Rows& src, int64_t first_row, int rows, int cols, const float* b, int64_t ldb) {
+    if (kPieces != 1 || src.dtype != FA_DTYPE_BF16) return false;
+    PinnedB& pin = pinned[slot];
+    pack_bf16_rows_transposed_b(src.base + first_row * src.row_stride_bytes, src.row_stride_bytes, rows, cols,
+                                round_up(std::max(cols, 1), 32), round_up(rows, 16), pin.packed);
+    pin.source = b;
+    pin.k = cols;
+    pin.n = rows;
+    pin.ldb = ldb;
+    return true;
   }
 
   // Packs chunk `chunk` (its first `rows` staged rows) of a shared operand.

@@ -21,6 +21,17 @@ struct GenericKernels {
   static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
   void share(int /*slot*/, const SharedOperand& /*op*/) {}
   void unshare(int /*slot*/) {}
+  // Only the AMX kernel sets pack bf16 rows without staging them (isa_amx.cpp).
+  template <class Rows>
+  static bool pack_chunk_from_rows(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/, const Rows& /*src*/,
+                                   int64_t /*first_row*/) {
+    return false;
+  }
+  template <class Rows>
+  static bool pin_b_from_rows(int /*slot*/, const Rows& /*src*/, int64_t /*first_row*/, int /*rows*/, int /*cols*/,
+                              const float* /*b*/, int64_t /*ldb*/) {
+    return false;
+  }
 
   static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                    float* c, int64_t ldc, bool accumulate) {

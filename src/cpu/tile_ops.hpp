@@ -124,15 +124,16 @@ void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0
     const int64_t r0 = index * kBlockN;
     const int count = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - r0));
     const StagedKv dst = kv.head(head);
-    if (is_v) {
-      load_tile<Isa>(rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head), r0, count, dv, dst.v + r0 * dv,
-                     dv);
-      if (dst.vt_a.packed != nullptr) Isa::pack_chunk(dst.vt_a, index, count);
-    } else {
-      load_tile<Isa>(rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head), r0, count, d, dst.k + r0 * d,
-                     d);
-      if (dst.k_a.packed != nullptr) Isa::pack_chunk(dst.k_a, index, count);
-    }
+    // With AMX and bf16 the chunk is packed straight from the tensor and
+    // the fp32 rows are left unwritten (no gemm reads them: each finds the
+    // packing).
+    const RowsView src = is_v ? rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head)
+                              : rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head);
+    const SharedOperand& op = is_v ? dst.vt_a : dst.k_a;
+    if (op.packed != nullptr && Isa::pack_chunk_from_rows(op, index, count, src, r0)) continue;
+    const int cols = is_v ? dv : d;
+    load_tile<Isa>(src, r0, count, cols, (is_v ? dst.v : dst.k) + r0 * cols, cols);
+    if (op.packed != nullptr) Isa::pack_chunk(op, index, count);
   }
 }
 
