@@ -44,33 +44,6 @@ __m512i pair_rows(__m512 r0, __m512 r1) {
   return interleave_halves(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0)));  // r0 in words 0..15
 }
 
-// In-register transpose of a 16 x 16 block of 32-bit words.
-void transpose16x16(__m512i rows[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    rows[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    rows[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    rows[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    rows[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
 __m512 load_or_zero(const float* row, bool present, __mmask16 mask) {
   return present ? _mm512_maskz_loadu_ps(mask, row) : _mm512_setzero_ps();
 }

@@ -259,6 +259,10 @@ struct Avx2KernelSet {
       for (int i = 0; i < n; ++i) out[i] = std::max(out[i], x[r * ld + i]);
   }
 
+  static void transpose(const float* in, int64_t ld_in, int rows, int cols, float* out, int64_t ld_out) {
+    transpose_reference(in, ld_in, rows, cols, out, ld_out);
+  }
+
   static void exp2_sub_scalar(float* x, int n, float mul, float sub) {
     const __m256 factor = _mm256_set1_ps(mul);
     const __m256 subtrahend = _mm256_set1_ps(sub);

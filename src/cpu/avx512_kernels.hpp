@@ -94,6 +94,33 @@ __m256i ps_to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
 }
 
+// In-register transpose of a 16 x 16 block of 32-bit words.
+void transpose16x16(__m512i rows[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    rows[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    rows[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    rows[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    rows[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
 // The last m % kGemmRows rows: one instantiation per count.
 template <int kRows>
 void gemm_rest(int rows, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
@@ -217,6 +244,24 @@ struct Avx512KernelSet {
       for (int v = 0; v < kPanelVectors; ++v) {
         float* s = sum + i0 + 16 * v;
         _mm512_mask_storeu_ps(s, mask[v], _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], s), total[v]));
+      }
+    }
+  }
+
+  // out (cols, rows) = in (rows, cols) transposed, in 16 x 16 blocks.
+  static void transpose(const float* in, int64_t ld_in, int rows, int cols, float* out, int64_t ld_out) {
+    for (int i0 = 0; i0 < rows; i0 += 16) {
+      const int block_rows = rows - i0 < 16 ? rows - i0 : 16;
+      for (int j0 = 0; j0 < cols; j0 += 16) {
+        const __mmask16 col_mask = lanes_mask(cols - j0);
+        __m512i block[16];
+        for (int i = 0; i < 16; ++i)
+          block[i] = i < block_rows ? _mm512_castps_si512(_mm512_maskz_loadu_ps(col_mask, in + (i0 + i) * ld_in + j0))
+                                    : _mm512_setzero_si512();
+        transpose16x16(block);
+        const __mmask16 row_mask = lanes_mask(block_rows);
+        for (int j = 0; j < 16 && j0 + j < cols; ++j)
+          _mm512_mask_storeu_ps(out + (j0 + j) * ld_out + i0, row_mask, _mm512_castsi512_ps(block[j]));
       }
     }
   }

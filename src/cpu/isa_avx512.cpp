@@ -33,9 +33,10 @@ bool avx512_supported() {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 // GCC 12's own intrinsic headers seed results with `__m512i __Y = __Y;` and
-// then warn about it; the warning says nothing about this file.
+// then warn about it; the warnings say nothing about this file.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "cpu/avx512_kernels.hpp"
 #include "cpu/bwd_impl.hpp"

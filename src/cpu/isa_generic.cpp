@@ -78,6 +78,10 @@ struct GenericKernels {
     }
   }
 
+  static void transpose(const float* in, int64_t ld_in, int rows, int cols, float* out, int64_t ld_out) {
+    transpose_reference(in, ld_in, rows, cols, out, ld_out);
+  }
+
   static void exp2_sub_scalar(float* x, int n, float mul, float sub) {
     for (int i = 0; i < n; ++i) x[i] = std::exp2(x[i] * mul - sub);
   }

@@ -19,6 +19,8 @@
 //                   unpin_b(pin_slot): a kernel set that packs B (AMX) packs
 //                   it in that slot straight away and leaves x unwritten
 //   exp2_sub_scalar x[i] = exp2(x[i] * mul - sub)
+//   transpose       out (cols, rows) = in (rows, cols) transposed, each with
+//                   its leading dimension (transpose_reference below)
 //   load_row        n elements of dtype -> fp32
 //   store_row       n fp32 -> dtype, round to nearest even
 //   pin_b(slot, b, k, n, ldb) / unpin_b(slot)
@@ -38,10 +40,18 @@
 //                   written; false, doing nothing, elsewhere
 #pragma once
 
+#include <cstdint>
+
 #include "common/params.hpp"
 
 namespace flashattn {
 namespace cpu {
+
+// The kernel sets' transpose in plain loops (generic, AVX2).
+inline void transpose_reference(const float* in, int64_t ld_in, int rows, int cols, float* out, int64_t ld_out) {
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) out[j * ld_out + i] = in[i * ld_in + j];
+}
 
 struct IsaBackend {
   const char* name;

@@ -100,10 +100,7 @@ void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int 
     const int count = std::min(kTransposeRows, rows - r0);
     for (int r = 0; r < count; ++r)
       Isa::load_row(src.base + (first_row + r0 + r) * src.row_stride_bytes, src.dtype, row_tmp + r * cols, cols);
-    for (int c = 0; c < cols; ++c) {
-      float* out = dst + c * ld + r0;
-      for (int r = 0; r < count; ++r) out[r] = row_tmp[r * cols + c];
-    }
+    Isa::transpose(row_tmp, cols, count, cols, dst + r0, ld);
   }
 }
 
@@ -160,10 +157,7 @@ void store_tile_transposed(void* data, fa_dtype dtype, const TensorLayout& layou
   char* base = const_cast<char*>(view.base);
   for (int r0 = 0; r0 < rows; r0 += kTransposeRows) {
     const int count = std::min(kTransposeRows, rows - r0);
-    for (int c = 0; c < cols; ++c) {
-      const float* in = src + c * ld + r0;
-      for (int r = 0; r < count; ++r) row_tmp[r * cols + c] = in[r];
-    }
+    Isa::transpose(src + r0, ld, cols, count, row_tmp, cols);
     for (int r = 0; r < count; ++r)
       Isa::store_row(row_tmp + r * cols, dtype, base + (r0 + r) * view.row_stride_bytes, cols);
   }
