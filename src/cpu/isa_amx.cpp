@@ -160,12 +160,23 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   // shared operand's chunk or a pin slot, as pack_chunk and pin_b would pack
   // them staged as fp32: the fp32 rows are then never written, and every
   // gemm that reads them must find the packing (as each does in the
-  // forward). False, doing nothing, for other dtypes and fp32's pieces.
+  // forward). fp32 rows are split into pieces from the tensor itself. False,
+  // doing nothing, for fp16 and for a B operand's rows.
   template <class Rows>
   static bool pack_chunk_from_rows(const SharedOperand& op, int64_t chunk, int rows, const Rows& src, int64_t first_row) {
-    if (kPieces != 1 || src.dtype != FA_DTYPE_BF16 || op.role == OperandRole::kRowsB) return false;
+    if (op.role == OperandRole::kRowsB) return false;
     const char* base = src.base + first_row * src.row_stride_bytes;
     uint16_t* dst = op.chunk_packed(chunk, kPieces);
+    if (src.dtype == FA_DTYPE_FP32) {  // split into pieces straight from the tensor's rows
+      const float* rows_fp32 = reinterpret_cast<const float*>(base);
+      const int64_t stride = src.row_stride_bytes / 4;
+      if (op.role == OperandRole::kRowsA)
+        pack_a(rows, op.cols, rows_fp32, stride, 1, op.plane_rows(), op.plane_row_length(), dst);
+      else
+        pack_a(op.cols, rows, rows_fp32, 1, stride, op.plane_rows(), op.plane_row_length(), dst);
+      return true;
+    }
+    if (kPieces != 1 || src.dtype != FA_DTYPE_BF16) return false;
     if (op.role == OperandRole::kRowsA)
       pack_bf16_rows_a(base, src.row_stride_bytes, rows, op.cols, op.plane_rows(), op.plane_row_length(), dst);
     else

@@ -34,8 +34,9 @@
 //                   read as fp32 (generic, AVX2, AVX-512)
 //   pack_chunk_from_rows(op, chunk, rows, src, first_row) /
 //   pin_b_from_rows(slot, src, first_row, rows, cols, b, ldb)
-//                   the same packings made straight from bf16 rows (src, a
-//                   RowsView) where the kernel set can (AMX, bf16): the fp32
+//                   the same packings made straight from the tensor's rows
+//                   (src, a RowsView) where the kernel set can (AMX: bf16
+//                   rows, and fp32 rows for the shared operands): the fp32
 //                   staging is then skipped and the fp32 operand never
 //                   written; false, doing nothing, elsewhere
 #pragma once

@@ -121,9 +121,9 @@ void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0
     const int64_t r0 = index * kBlockN;
     const int count = static_cast<int>(std::min<int64_t>(kBlockN, seq.seqlen_k - r0));
     const StagedKv dst = kv.head(head);
-    // With AMX and bf16 the chunk is packed straight from the tensor and
-    // the fp32 rows are left unwritten (no gemm reads them: each finds the
-    // packing).
+    // With AMX (bf16 and fp32) the chunk is packed straight from the tensor
+    // and the fp32 rows are left unwritten (no gemm reads them: each finds
+    // the packing).
     const RowsView src = is_v ? rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv0 + head)
                               : rows_view(p.k, p.dtype, p.k_layout, b, seq.k_row0, h_kv0 + head);
     const SharedOperand& op = is_v ? dst.vt_a : dst.k_a;
