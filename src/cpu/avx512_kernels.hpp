@@ -139,6 +139,12 @@ struct Avx512KernelSet {
   explicit Avx512KernelSet(void* /*scratch: unused*/) {}
   void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
   void unpin_b(int /*slot*/) {}
+  // Only the AMX kernel sets pack dS^T and P^T in the same pass (isa_amx.cpp).
+  static bool softmax_grad(const float* /*p*/, float* /*dp*/, int64_t /*ld*/, int /*rows*/, int /*n*/,
+                           const float* /*delta*/, int /*a_slot_p*/, int /*a_slot_ds*/, int /*b_slot*/) {
+    return false;
+  }
+  void unpin_a(int /*slot*/) {}
   // No packed layouts here: shared operands are read as staged.
   static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
   void share(int /*slot*/, const SharedOperand& /*op*/) {}

@@ -26,6 +26,10 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
+// Pin slots of softmax_grad's packings: P^T and dS^T as A operands, dS^T as
+// a B operand (B slots 0-3 hold Q^T, dO^T, dO and Q).
+constexpr int kPinnedProbsA = 0, kPinnedDsA = 1, kPinnedDsB = 4;
+
 // A view of fp32 rows staged in scratch, for load_tile_transposed.
 inline RowsView staged_rows(const float* rows, int cols) {
   return RowsView{reinterpret_cast<const char*>(rows), int64_t{cols} * 4, FA_DTYPE_FP32};
@@ -83,10 +87,15 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
     for (int j = 0; j < nk; ++j) isa.exp2_sub_vec(s_t + j * kBlockM, nq, factor, w.lse2 + q_lo);  // P^T
     isa.gemm(nk, nq, dv, v_tile, dv, 1, w.dout_t + q_lo, kBlockM, dp_t, kBlockM, false);  // dP^T (nk, nq)
 
+    // Without dropout, softcap or exact P, a kernel set may compute dS^T and
+    // pack it and P^T for the three products in one pass (AMX).
+    const bool exact_p = masked && sees_few_keys(ctx.mask, m0 + q_lo, nq);
+    const bool packed = !ctx.dropout.enabled && tanh_t == nullptr && !exact_p &&
+                        isa.softmax_grad(s_t, dp_t, kBlockM, nk, nq, delta, kPinnedProbsA, kPinnedDsA, kPinnedDsB);
     // 0/1 mask: P^T dO takes the mask, 1/(1-p) scales dV at the store (as
     // the split scheme's dK/dV pass, dropout_factors).
     if (ctx.dropout.enabled) dropout_factors<true>(w.drop + q_lo, kBlockM, ctx, m0 + q_lo, nq, k0, nk, 1.0f);
-    for (int j = 0; j < nk; ++j) {
+    for (int j = 0; j < (packed ? 0 : nk); ++j) {
       float* p_row = s_t + j * kBlockM;
       float* dp_row = dp_t + j * kBlockM;
       if (ctx.dropout.enabled) {
@@ -107,7 +116,7 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
     // dV += P^T dO (nk, dv), P kept exact where rows see few keys (fwd_impl.hpp).
     const float* dout = w.dout + static_cast<int64_t>(q_lo) * dv;
     float* dv_acc = w.dv + k0 * dv;
-    if (masked && sees_few_keys(ctx.mask, m0 + q_lo, nq))
+    if (exact_p)
       isa.gemm_exact_a(nk, dv, nq, s_t, kBlockM, 1, dout, dv, dv_acc, dv);
     else
       isa.gemm(nk, dv, nq, s_t, kBlockM, 1, dout, dv, dv_acc, dv, true);
@@ -117,6 +126,11 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
     // dQ += dS K read it transposed as an A operand (16 x 16 transposes per
     // block when packed for AMX).
     isa.gemm(d, nq, nk, k_tile, 1, d, dp_t, kBlockM, w.dq_t + q_lo, kBlockM, true);
+    if (packed) {
+      isa.unpin_a(kPinnedProbsA);
+      isa.unpin_a(kPinnedDsA);
+      isa.unpin_b(kPinnedDsB);
+    }
   }
   for (int slot = 0; slot < 4; ++slot) isa.unpin_b(slot);
   for (int c = 0; c < d; ++c) {

@@ -27,6 +27,12 @@
 //                   promise that B operand b keeps its contents until unpinned,
 //                   so a kernel set that repacks B (AMX) packs it once; a gemm
 //                   on a column window b + 16 * t of it reuses the packing
+//   softmax_grad(p, dp, ld, rows, n, delta, a_slot_p, a_slot_ds, b_slot) /
+//   unpin_a(slot)   dS^T = P^T o (dP^T - delta) (rows, n) with P^T and dS^T
+//                   pinned as A operands (rows, lda = ld) and dS^T as a B
+//                   operand, packed in the same pass; p and dp are then read
+//                   only through those pins. False, doing nothing, where the
+//                   kernel set does not (all but AMX for bf16)
 //   pack_chunk(op, chunk, rows) / share(slot, op) / unshare(slot)
 //                   pack one chunk of staged rows in the kernel set's layout
 //                   (scratch.hpp, SharedOperand), and let gemms whose A or B

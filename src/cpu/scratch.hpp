@@ -13,15 +13,17 @@ namespace flashattn {
 namespace cpu {
 
 // Packing buffers of the AMX kernel sets, per bf16 piece of an operand (1
-// for bf16 tensors, kAmxSplitPieces for fp32): A (256 x 256) bf16, B
-// (128 x 256) bf16 pairs plus two pinned B operands of the same size; and a
+// for bf16 tensors, kAmxSplitPieces for fp32): A (256 x 256) bf16 plus the
+// pinned A operands, B (128 x 256) bf16 pairs plus the pinned B operands of
+// the same size; and a
 // (256 x 256) fp32 C staging tile: every gemm of the passes has m <= 256 and
 // k, n <= 256. Counted for every bf16 and fp32 call, AMX or not, so the size
 // depends on the params alone.
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
 constexpr int kKvTilesPerItem = 2;                 // backward dK/dV items (bwd_impl.hpp)
-constexpr int kPinnedOperands = 2 * kKvTilesPerItem;  // K^T and V^T of each
+constexpr int kPinnedOperands = 2 * kKvTilesPerItem + 1;  // K^T and V^T of each; dS^T (bwd_group.hpp)
+constexpr int kPinnedAOperands = 2;  // P^T and dS^T as A operands (bwd_group.hpp)
 constexpr int kSharedOperands = 4;  // shared packed operands in use at once (SharedOperand)
 constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
@@ -31,7 +33,8 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
   const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2 * pieces;
   const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * pieces;
   const size_t c = size_t{kMaxGemmRows} * kMaxGemmDim * 4;
-  return a + (1 + kPinnedOperands) * b + c + (3 + kPinnedOperands) * kScratchAlignment;
+  return (1 + kPinnedAOperands) * a + (1 + kPinnedOperands) * b + c +
+         (3 + kPinnedOperands + kPinnedAOperands) * kScratchAlignment;
 }
 
 // Staged rows that are a gemm operand of many work items are packed once
