@@ -15,6 +15,7 @@
 #include "common/half.hpp"
 #include "cpu/exp2_poly.hpp"
 #include "cpu/scratch.hpp"
+#include "cpu/staged_operands.hpp"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -167,31 +168,8 @@ __m128i avx2_ps_to_bf16(__m256 x) {
 }
 
 template <int kExp2Degree>
-struct Avx2KernelSet {
+struct Avx2KernelSet : StagedOperands {
   explicit Avx2KernelSet(void* /*scratch: unused*/) {}
-  void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
-  void unpin_b(int /*slot*/) {}
-  // Only the AMX kernel sets pack dS^T and P^T in the same pass (isa_amx.cpp).
-  static bool softmax_grad(const float* /*p*/, float* /*dp*/, int64_t /*ld*/, int /*rows*/, int /*n*/,
-                           const float* /*delta*/, int /*a_slot_p*/, int /*a_slot_ds*/, int /*b_slot*/) {
-    return false;
-  }
-  void unpin_a(int /*slot*/) {}
-  // No packed layouts here: shared operands are read as staged.
-  static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
-  void share(int /*slot*/, const SharedOperand& /*op*/) {}
-  void unshare(int /*slot*/) {}
-  // Only the AMX kernel sets pack bf16 rows without staging them (isa_amx.cpp).
-  template <class Rows>
-  static bool pack_chunk_from_rows(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/, const Rows& /*src*/,
-                                   int64_t /*first_row*/) {
-    return false;
-  }
-  template <class Rows>
-  static bool pin_b_from_rows(int /*slot*/, const Rows& /*src*/, int64_t /*first_row*/, int /*rows*/, int /*cols*/,
-                              const float* /*b*/, int64_t /*ldb*/) {
-    return false;
-  }
 
   // Per 16-column panel of B: pack it (16 KiB at most, on the stack), then
   // run down all rows of A with it, so the panel stays in L1 while A streams

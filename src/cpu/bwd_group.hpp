@@ -95,7 +95,7 @@ void group_q_tile(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, const 
     // 0/1 mask: P^T dO takes the mask, 1/(1-p) scales dV at the store (as
     // the split scheme's dK/dV pass, dropout_factors).
     if (ctx.dropout.enabled) dropout_factors<true>(w.drop + q_lo, kBlockM, ctx, m0 + q_lo, nq, k0, nk, 1.0f);
-    for (int j = 0; j < (packed ? 0 : nk); ++j) {
+    for (int j = 0; !packed && j < nk; ++j) {  // softmax_grad did these rows when packed
       float* p_row = s_t + j * kBlockM;
       float* dp_row = dp_t + j * kBlockM;
       if (ctx.dropout.enabled) {

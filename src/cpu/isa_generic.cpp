@@ -8,36 +8,14 @@
 #include "cpu/bwd_impl.hpp"
 #include "cpu/fwd_impl.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/staged_operands.hpp"
 
 namespace flashattn {
 namespace cpu {
 namespace {
 
-struct GenericKernels {
+struct GenericKernels : StagedOperands {
   explicit GenericKernels(void* /*scratch: unused*/) {}
-  void pin_b(int /*slot*/, const float* /*b*/, int /*k*/, int /*n*/, int64_t /*ldb*/) {}
-  void unpin_b(int /*slot*/) {}
-  // Only the AMX kernel sets pack dS^T and P^T in the same pass (isa_amx.cpp).
-  static bool softmax_grad(const float* /*p*/, float* /*dp*/, int64_t /*ld*/, int /*rows*/, int /*n*/,
-                           const float* /*delta*/, int /*a_slot_p*/, int /*a_slot_ds*/, int /*b_slot*/) {
-    return false;
-  }
-  void unpin_a(int /*slot*/) {}
-  // No packed layouts here: shared operands are read as staged.
-  static void pack_chunk(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/) {}
-  void share(int /*slot*/, const SharedOperand& /*op*/) {}
-  void unshare(int /*slot*/) {}
-  // Only the AMX kernel sets pack bf16 rows without staging them (isa_amx.cpp).
-  template <class Rows>
-  static bool pack_chunk_from_rows(const SharedOperand& /*op*/, int64_t /*chunk*/, int /*rows*/, const Rows& /*src*/,
-                                   int64_t /*first_row*/) {
-    return false;
-  }
-  template <class Rows>
-  static bool pin_b_from_rows(int /*slot*/, const Rows& /*src*/, int64_t /*first_row*/, int /*rows*/, int /*cols*/,
-                              const float* /*b*/, int64_t /*ldb*/) {
-    return false;
-  }
 
   static void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
                    float* c, int64_t ldc, bool accumulate) {
