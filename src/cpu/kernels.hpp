@@ -37,7 +37,8 @@
 //                   pack one chunk of staged rows in the kernel set's layout
 //                   (scratch.hpp, SharedOperand), and let gemms whose A or B
 //                   lies in op read that packing; no-ops where operands are
-//                   read as fp32 (generic, AVX2, AVX-512)
+//                   read as fp32 (generic, AVX2, AVX-512, whose operand hooks
+//                   are staged_operands.hpp's)
 //   pack_chunk_from_rows(op, chunk, rows, src, first_row) /
 //   pin_b_from_rows(slot, src, first_row, rows, cols, b, ldb)
 //                   the same packings made straight from the tensor's rows
