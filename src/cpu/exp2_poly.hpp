@@ -4,6 +4,11 @@
 // error ~1.2e-7, fp32's level). Degree 4: a minimax fit with p(0) = 1
 // (relative error 2.9e-6), for bf16 tensors whose P is rounded to bf16,
 // 2^-9, before its products.
+//
+// Exp2UnitPoly: 2^f on f in [0, 1) (exp2_unmasked_ps, where f = x - floor(x)),
+// least-squares fits in the relative error with p(0) = 1. Degree 5:
+// relative error 8.4e-8, fp32's level. Degree 3: 8.7e-5, 2^-13, for P
+// rounded to bf16 (2^-9) before its products.
 #pragma once
 
 namespace flashattn {
@@ -21,6 +26,18 @@ template <>
 struct Exp2Poly<4> {
   static constexpr float kCoefficients[5] = {9.5828517127e-03f, 5.5906426650e-02f, 2.4024098652e-01f,
                                              6.9312419305e-01f, 1.0f};
+};
+
+template <int kDegree>
+struct Exp2UnitPoly;
+template <>
+struct Exp2UnitPoly<5> {
+  static constexpr float kCoefficients[6] = {1.8671827856e-03f, 9.0166879818e-03f, 5.5800445378e-02f,
+                                             2.4016416073e-01f, 6.9315135479e-01f, 1.0f};
+};
+template <>
+struct Exp2UnitPoly<3> {
+  static constexpr float kCoefficients[4] = {7.7058047056e-02f, 2.2764557600e-01f, 6.9512289762e-01f, 1.0f};
 };
 
 }  // namespace cpu

@@ -13,10 +13,13 @@
 //                        O^T, and with AMX P^T is packed as a B operand
 //                        (pairs of rows) as its exp2 is computed, K and V^T
 //                        A operands packed once per step (stage_kv)
-// and O is divided by l once at the end. Invariant after each tile: for every
-// query, O = sum_j exp2(s_j - m) v_j and l = sum_j exp2(s_j - m) over the keys
-// seen so far; a tile whose maximum exceeds m by more than kRescaleSlack
-// moves m to it, m', and rescales both by alpha = exp2(m - m').
+// and O is divided by l once at the end. A tile seen whole by every query,
+// with raw scores (PlainTile), may instead go to the kernel set in one call
+// (AMX: panels of queries, products interleaved with the softmax).
+// Invariant after each tile: for every query, O = sum_j exp2(s_j - m) v_j and
+// l = sum_j exp2(s_j - m) over the keys seen so far; a tile whose maximum
+// exceeds m by more than kRescaleSlack moves m to it, m', and rescales both
+// by alpha = exp2(m - m').
 #pragma once
 
 #include <omp.h>
@@ -53,6 +56,55 @@ constexpr float kRescaleSlack = 8.0f;
 
 // The pin slot of P^T (slot 0 holds Q^T).
 constexpr int kPinnedP = 1;
+
+// The reference update of a tile's queries: tile_max holds the raw column
+// maxima of S^T and becomes the subtrahends of exp2, row_max the new
+// references, alpha the old ones. m moves only when the tile's maximum
+// exceeds it by more than kRescaleSlack (see the top); a query that has seen
+// no visible key keeps m = -inf and the subtrahend 0 instead of -inf keeps
+// exp2(s - m') at 0 rather than NaN. True when some reference moved.
+inline bool move_references(float* tile_max, float* row_max, float* alpha, int n, float factor) {
+  bool moved = false;
+  for (int i = 0; i < n; ++i) {
+    const float seen = tile_max[i] * factor;
+    const float new_max = seen > row_max[i] + kRescaleSlack ? seen : row_max[i];
+    moved = moved || new_max != row_max[i];
+    alpha[i] = row_max[i];
+    row_max[i] = new_max;
+    tile_max[i] = new_max == kNegInf ? 0.0f : new_max;  // now the subtrahend
+  }
+  return moved;
+}
+
+// l and the columns of O^T (dv, n), ld kBlockM, times alpha = exp2(m - m')
+// as one vector exp2 over the queries (m = -inf: alpha = 0, O and l are 0).
+template <class Isa>
+void rescale_queries(float* alpha, const float* subtrahend, float* row_sum, float* o_t, int dv, int n) {
+  Isa::exp2_sub_vec(alpha, n, 1.0f, subtrahend);
+  for (int i = 0; i < n; ++i) row_sum[i] *= alpha[i];
+  for (int c = 0; c < dv; ++c) {
+    float* o_row = o_t + c * kBlockM;
+    for (int i = 0; i < n; ++i) o_row[i] *= alpha[i];
+  }
+}
+
+// A key tile that every query of the Q tile sees whole, with raw scores (no
+// softcap, ALiBi or dropout) and full (kBlockN keys, a multiple of 16
+// queries): a kernel set may run all of it at once (fwd_plain_tile), with
+// the same state update as fwd_q_tile's loop.
+struct PlainTile {
+  const float* k_tile;  // (kBlockN, d), the shared operand's rows
+  const float* v_tile;  // (kBlockN, dv), read as V^T
+  const float* q_t;     // (d, kBlockM), pinned in slot 0
+  int d = 0, dv = 0, nq = 0;
+  float factor = 1.0f;  // scores to log2 units
+  float* s_t;           // (kBlockN, kBlockM) scratch
+  float* o_t;           // (dv, kBlockM), rows up to a multiple of 16
+  float* row_max;
+  float* row_sum;
+  float* tile_max;
+  float* alpha;
+};
 
 template <class Isa>
 void masked_scores(Isa& isa, const MaskPolicy& mask, const float* k_tile, int d, const float* q_t, int64_t m0,
@@ -94,7 +146,8 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     isa.pin_b(0, w.q_t, d, mq, kBlockM);
   }
 
-  for (int c = 0; c < dv; ++c) std::fill(w.o_t + c * kBlockM, w.o_t + c * kBlockM + mq, 0.0f);
+  // Padding rows too: AMX tiles of O^T load and store whole 16-row tiles.
+  for (int c = 0; c < round_up_to(dv, 16); ++c) std::fill(w.o_t + c * kBlockM, w.o_t + c * kBlockM + mq, 0.0f);
   std::fill(w.row_max, w.row_max + mq, kNegInf);
   std::fill(w.row_sum, w.row_sum + mq, 0.0f);
   isa.share(0, kv.k_a);
@@ -115,6 +168,11 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     const int q_lo = queries.lo, q_hi = queries.hi;
     const int nq = q_hi - q_lo;
     if (nq == 0) continue;
+    const bool raw_scores = !ctx.dropout.enabled && !(ctx.softcap > 0.0f) && !ctx.has_alibi;
+    if (!masked && raw_scores && nk == kBlockN && mq % 16 == 0 &&
+        isa.fwd_plain_tile(PlainTile{k_tile, v_tile, w.q_t, d, dv, mq, ctx.scale * kLog2e, w.s_t, w.o_t, w.row_max,
+                                     w.row_sum, w.tile_max, w.alpha}))
+      continue;
     float* s_t = w.s_t + q_lo;  // (nk, nq), ld kBlockM
     float* row_max = w.row_max + q_lo;
     float* row_sum = w.row_sum + q_lo;
@@ -130,31 +188,11 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, nullptr);
 
     isa.column_max(s_t, kBlockM, nk, nq, tile_max);
-    // alpha = exp2(m - m') as one vector exp2 over the tile's queries. A row
-    // that has seen no visible key keeps m = -inf: alpha = exp2(-inf) = 0
-    // (its O and l are 0 anyway), and the subtrahend 0 instead of -inf keeps
-    // exp2(s - m') at 0 rather than NaN. m moves only when the tile's
-    // maximum exceeds it by more than kRescaleSlack (see the top).
-    bool rescale = false;
-    for (int i = 0; i < nq; ++i) {
-      const float seen = tile_max[i] * factor;
-      const float new_max = seen > row_max[i] + kRescaleSlack ? seen : row_max[i];
-      rescale = rescale || new_max != row_max[i];
-      alpha[i] = row_max[i];
-      row_max[i] = new_max;
-      tile_max[i] = new_max == kNegInf ? 0.0f : new_max;  // now the subtrahend
-    }
+    const bool rescale = move_references(tile_max, row_max, alpha, nq, factor);
     const bool exact_output = masked && sees_few_keys(ctx.mask, m0 + q_lo, nq);
     // Where P^T only feeds the plain P V gemm, a kernel set may keep it packed.
     const bool packed_p = !ctx.dropout.enabled && !exact_output && !trimmed;
-    if (rescale) {
-      isa.exp2_sub_vec(alpha, nq, 1.0f, tile_max);
-      for (int i = 0; i < nq; ++i) row_sum[i] *= alpha[i];
-      for (int c = 0; c < dv; ++c) {
-        float* o_row = o_t + c * kBlockM;
-        for (int i = 0; i < nq; ++i) o_row[i] *= alpha[i];
-      }
-    }
+    if (rescale) rescale_queries<Isa>(alpha, tile_max, row_sum, o_t, dv, nq);
     isa.exp2_tile_sum(s_t, kBlockM, nk, nq, factor, tile_max, row_sum, packed_p ? kPinnedP : -1);
     // The normalizer l uses the undropped P; only P V sees the dropout mask.
     if (ctx.dropout.enabled) {

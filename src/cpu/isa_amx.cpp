@@ -69,6 +69,7 @@ bool amx_supported() {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "cpu/amx_gemm.hpp"
 #include "cpu/amx_pieces.hpp"
 #include "cpu/avx512_kernels.hpp"
 #include "cpu/bwd_impl.hpp"
@@ -105,6 +106,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   };
   PinnedA pinned_a[kPinnedAOperands];
   SharedOperand shared[kSharedOperands];  // packed once by the team (scratch.hpp)
+  static inline const AmxTileConfig kTileConfig{};
 
   explicit AmxKernels(void* scratch) : Base(scratch) {
     ScratchArena arena(static_cast<char*>(scratch));
@@ -119,7 +121,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
 
   void pin_b(int slot, const float* b, int k, int n, int64_t ldb) {
     PinnedB& pin = pinned[slot];
-    pack_b(k, n, b, ldb, round_up(std::max(k, 1), 32), round_up(n, 16), pin.packed);
+    pack_b<kPieces>(k, n, b, ldb, round_up(std::max(k, 1), 32), round_up(n, 16), pin.packed);
     pin.source = b;
     pin.k = k;
     pin.n = n;
@@ -231,6 +233,117 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     pin.ldb = ld;
   }
 
+  // The exp2 polynomial of the plain tiles (exp2_unmasked_ps).
+  static constexpr int kPlainDegree = kPieces == 1 ? 3 : 5;
+  // Queries per panel of the pipelined key tile.
+  static constexpr int kPanel = 64;
+
+  // A whole key tile of fwd_q_tile's loop (PlainTile: no mask, raw scores)
+  // in panels of kPanel queries. The softmax is column-wise, so each panel
+  // is independent of the others until O^T: step s computes S^T of panel s
+  // (into a ring of two (kBlockN, kPanel) buffers, 32 KiB each, which the
+  // softmax reads back from L1 rather than from the 128 KiB score tile in
+  // L2) and O^T += V^T P^T of panel s - 2 on the tile unit, and runs the
+  // softmax of panel s - 1 on the vector units with the gemm blocks spread
+  // over its checkpoints. The tile unit and the vector ports overlap only in
+  // part (measured here: a 2 x 2 block of 8 products and 16 exp2 vectors
+  // interleaved take 84% of their separate times; finer interleaving gains
+  // nothing more); interleaved, the forward measured 2-5% faster than with
+  // the same steps run one after another. Panels of 64 measured 2-6% faster
+  // than 32 (K and V^T tiles reused for twice the queries) and than 128. The
+  // exp2 is exp2_unmasked_ps: no score of a plain tile is -inf. The state
+  // update is the loop's (move_references, rescale_queries). False, doing
+  // nothing, where K or V^T is not a shared packing or Q^T not pinned in slot
+  // 0.
+  template <class Tile>
+  bool fwd_plain_tile(const Tile& t) {
+    const PinnedB& q_pin = pinned[0];
+    if (q_pin.source != t.q_t || q_pin.k != t.d || q_pin.n != t.nq) return false;
+    int k_row_length = 0, v_row_length = 0;
+    int64_t k_plane = 0, v_plane = 0;
+    const uint16_t* k_packed = find_packed_a(kBlockN, t.d, t.k_tile, t.d, 1, k_row_length, k_plane);
+    const uint16_t* vt_packed = find_packed_a(t.dv, kBlockN, t.v_tile, 1, t.dv, v_row_length, v_plane);
+    if (k_packed == nullptr || vt_packed == nullptr) return false;
+
+    const int d32 = round_up(t.d, 32);
+    constexpr int kPairs = kBlockN / 2;
+    PinnedB& p_pin = pinned[kPinnedP];
+    const int64_t p_plane = int64_t{t.nq} * kPairs;
+    p_pin = PinnedB{t.s_t, kBlockN, t.nq, kBlockM, p_pin.packed};
+    float* ring[2] = {t.s_t, t.s_t + kBlockN * kPanel};
+    const int panels = (t.nq + kPanel - 1) / kPanel;
+    const auto width = [&](int panel) { return std::min(kPanel, t.nq - panel * kPanel); };
+    const auto scores = [&](int panel) {  // S^T (kBlockN, width) = K Q^T
+      const int c0 = panel * kPanel;
+      return PackedGemm{k_packed, k_row_length, k_plane, q_pin.packed + int64_t{c0} * (d32 / 2), int64_t{d32} * 8,
+                        int64_t{t.nq} * (d32 / 2), kBlockN, width(panel), d32, ring[panel % 2], kPanel, false};
+    };
+    const auto output = [&](int panel) {  // O^T (dv, width) += V^T P^T
+      const int c0 = panel * kPanel;
+      return PackedGemm{vt_packed, v_row_length, v_plane, p_pin.packed + int64_t{c0} * kPairs, int64_t{kBlockN} * 8,
+                        p_plane, round_up(t.dv, 16), width(panel), kBlockN, t.o_t + c0, kBlockM, true};
+    };
+
+    _tile_loadconfig(&kTileConfig);
+    for (int step = 0; step <= panels + 1; ++step) {
+      BlockSchedule<kPieces> schedule;
+      if (step < panels) schedule.add(scores(step));
+      if (step >= 2) schedule.add(output(step - 2));
+      if (step >= 1 && step <= panels) panel_softmax(t, (step - 1) * kPanel, width(step - 1), ring[(step - 1) % 2],
+                                                     p_pin.packed, p_plane, schedule);
+      schedule.run_share(1, 1);
+    }
+    _tile_release();
+    p_pin.source = nullptr;
+    return true;
+  }
+
+  // The softmax of queries [c0, c0 + width) of a plain tile, their scores
+  // in s (kBlockN, kPanel): as column_max, move_references,
+  // rescale_queries and exp2_tile_sum with a pin slot do it (but with
+  // exp2_unmasked_ps), with `schedule`'s blocks run in shares along the way.
+  template <class Tile>
+  void panel_softmax(const Tile& t, int c0, int width, const float* s, uint32_t* p_packed, int64_t p_plane,
+                     BlockSchedule<kPieces>& schedule) {
+    constexpr int kPairs = kBlockN / 2;
+    constexpr int kRowsPerCheck = 16, kPairsPerCheck = 8;
+    const int vectors = width / 16;
+    const int checks = kBlockN / kRowsPerCheck + vectors * (kPairs / kPairsPerCheck);
+    int check = 0;
+    __m512 best[kPanel / 16];
+    for (__m512& column_best : best) column_best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r0 = 0; r0 < kBlockN; r0 += kRowsPerCheck) {
+      for (int r = r0; r < r0 + kRowsPerCheck; ++r)
+        for (int v = 0; v < vectors; ++v) best[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * kPanel + 16 * v), best[v]);
+      schedule.run_share(++check, checks);
+    }
+    for (int v = 0; v < vectors; ++v) _mm512_storeu_ps(t.tile_max + c0 + 16 * v, best[v]);
+    if (move_references(t.tile_max + c0, t.row_max + c0, t.alpha + c0, width, t.factor))
+      rescale_queries<AmxKernels>(t.alpha + c0, t.tile_max + c0, t.row_sum + c0, t.o_t + c0, t.dv, width);
+
+    const __m512 factor = _mm512_set1_ps(t.factor);
+    for (int v = 0; v < vectors; ++v) {
+      const __m512 subtrahend = _mm512_loadu_ps(t.tile_max + c0 + 16 * v);
+      __m512 total = _mm512_setzero_ps();
+      uint32_t* tile_pairs = p_packed + int64_t{c0 + 16 * v} * kPairs;  // (kPairs, 16) of this column tile
+      for (int pair = 0; pair < kPairs; ++pair) {
+        const __m512 p0 = exp2_unmasked_ps<kPlainDegree>(
+            _mm512_fmsub_ps(_mm512_loadu_ps(s + 2 * pair * kPanel + 16 * v), factor, subtrahend));
+        const __m512 p1 = exp2_unmasked_ps<kPlainDegree>(
+            _mm512_fmsub_ps(_mm512_loadu_ps(s + (2 * pair + 1) * kPanel + 16 * v), factor, subtrahend));
+        total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
+        __m512 pieces0[kPieces], pieces1[kPieces];
+        split_pieces<kPieces>(p0, pieces0);
+        split_pieces<kPieces>(p1, pieces1);
+        for (int piece = 0; piece < kPieces; ++piece)
+          _mm512_storeu_si512(tile_pairs + piece * p_plane + pair * 16, pair_rows(pieces0[piece], pieces1[piece]));
+        if (pair % kPairsPerCheck == kPairsPerCheck - 1) schedule.run_share(++check, checks);
+      }
+      float* sum = t.row_sum + c0 + 16 * v;
+      _mm512_storeu_ps(sum, _mm512_add_ps(_mm512_loadu_ps(sum), total));
+    }
+  }
+
   // bf16 rows (src: a RowsView, rows from first_row) packed straight into a
   // shared operand's chunk or a pin slot, as pack_chunk and pin_b would pack
   // them staged as fp32: the fp32 rows are then never written, and every
@@ -246,9 +359,9 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       const float* rows_fp32 = reinterpret_cast<const float*>(base);
       const int64_t stride = src.row_stride_bytes / 4;
       if (op.role == OperandRole::kRowsA)
-        pack_a(rows, op.cols, rows_fp32, stride, 1, op.plane_rows(), op.plane_row_length(), dst);
+        pack_a<kPieces>(rows, op.cols, rows_fp32, stride, 1, op.plane_rows(), op.plane_row_length(), dst);
       else
-        pack_a(op.cols, rows, rows_fp32, 1, stride, op.plane_rows(), op.plane_row_length(), dst);
+        pack_a<kPieces>(op.cols, rows, rows_fp32, 1, stride, op.plane_rows(), op.plane_row_length(), dst);
       return true;
     }
     if (kPieces != 1 || src.dtype != FA_DTYPE_BF16) return false;
@@ -280,11 +393,11 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     const float* src = op.source + chunk * op.chunk_floats();
     uint16_t* dst = op.chunk_packed(chunk, kPieces);
     if (op.role == OperandRole::kRowsA)
-      pack_a(rows, op.cols, src, op.cols, 1, op.plane_rows(), op.plane_row_length(), dst);
+      pack_a<kPieces>(rows, op.cols, src, op.cols, 1, op.plane_rows(), op.plane_row_length(), dst);
     else if (op.role == OperandRole::kTransposedA)
-      pack_a(op.cols, rows, src, 1, op.cols, op.plane_rows(), op.plane_row_length(), dst);
+      pack_a<kPieces>(op.cols, rows, src, 1, op.cols, op.plane_rows(), op.plane_row_length(), dst);
     else
-      pack_b(rows, op.cols, src, op.cols, op.chunk_rows, op.plane_row_length() / 2, reinterpret_cast<uint32_t*>(dst));
+      pack_b<kPieces>(rows, op.cols, src, op.cols, op.chunk_rows, op.plane_row_length() / 2, reinterpret_cast<uint32_t*>(dst));
   }
 
   void share(int slot, const SharedOperand& op) { shared[slot] = op.packed != nullptr ? op : SharedOperand{}; }
@@ -303,11 +416,12 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     return true;
   }
 
-  // The packed A operand, its row length and plane size: a window of a
-  // shared operand (rows from a multiple of 16 within one chunk, or a whole
-  // transposed chunk), else packed here.
-  const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
-                           int64_t& plane) {
+  // The packed A operand, its row length and plane size where it is packed
+  // already: a pinned A operand, or a window of a shared operand (rows from a
+  // multiple of 16 within one chunk, or a whole transposed chunk); else null.
+  const uint16_t* find_packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int& row_length,
+                                int64_t& plane) const {
+    const int m16 = round_up(m, 16), k32 = round_up(std::max(k, 1), 32);
     for (const PinnedA& pin : pinned_a) {
       if (pin.source != a || a_col != 1 || a_row != pin.lda || m != pin.m || k != pin.k) continue;
       row_length = k32;
@@ -326,7 +440,14 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       plane = int64_t{op.plane_rows()} * row_length;
       return op.chunk_packed(chunk, kPieces) + static_cast<int64_t>(row) * row_length;
     }
-    pack_a(m, k, a, a_row, a_col, m16, k32, a_packed);
+    return nullptr;
+  }
+
+  // The same, packed here where it is not packed already.
+  const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
+                           int64_t& plane) {
+    if (const uint16_t* found = find_packed_a(m, k, a, a_row, a_col, row_length, plane)) return found;
+    pack_a<kPieces>(m, k, a, a_row, a_col, m16, k32, a_packed);
     row_length = k32;
     plane = int64_t{m16} * k32;
     return a_packed;
@@ -356,133 +477,10 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       plane = round_up(pin.n, 16) * int64_t{k32 / 2};
       return pin.packed + offset * (k32 / 2);
     }
-    pack_b(k, n, b, ldb, k32, n16, b_packed);
+    pack_b<kPieces>(k, n, b, ldb, k32, n16, b_packed);
     col_stride = int64_t{k32} * 8;
     plane = static_cast<int64_t>(n16) * (k32 / 2);
     return b_packed;
-  }
-
-  // A element (i, l) at a[i * a_row + l * a_col] -> dst planes (m16, k32).
-  static void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32,
-                     uint16_t* dst_rows) {
-    const int64_t plane = static_cast<int64_t>(m16) * k32;
-    if (a_col == 1) {
-      for (int i = 0; i < m16; ++i) {
-        uint16_t* dst = dst_rows + static_cast<int64_t>(i / 16) * 16 * k32 + (i % 16) * 32;
-        const float* src = a + i * a_row;
-        for (int l = 0; l < k32; l += 32) {
-          __m512 lo[kPieces], hi[kPieces];
-          split_pieces<kPieces>(load_or_zero(src + l, i < m, lanes_mask(k - l)), lo);
-          split_pieces<kPieces>(load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16)), hi);
-          for (int piece = 0; piece < kPieces; ++piece)
-            _mm512_storeu_si512(dst + piece * plane + l / 32 * 512,
-                                reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi[piece], lo[piece])));
-        }
-      }
-      return;
-    }
-    // Transposed source (a_row == 1, the only other layout the algorithm uses): pair rows l, l+1 of the (k, m) source,
-    // then transpose 16 x 16 blocks of pairs into rows of A.
-    const int pairs = k32 / 2;
-    for (int i0 = 0; i0 < m16; i0 += 16) {
-      const __mmask16 mask = lanes_mask(m - i0);
-      for (int t0 = 0; t0 < pairs; t0 += 16) {
-        __m512i block[kPieces][16];
-        for (int t = 0; t < 16; ++t) {
-          const int l = 2 * (t0 + t);
-          __m512 r0[kPieces], r1[kPieces];
-          split_pieces<kPieces>(load_or_zero(a + l * a_col + i0 * a_row, l < k, mask), r0);
-          split_pieces<kPieces>(load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask), r1);
-          for (int piece = 0; piece < kPieces; ++piece) block[piece][t] = pair_rows(r0[piece], r1[piece]);
-        }
-        for (int piece = 0; piece < kPieces; ++piece) {
-          transpose16x16(block[piece]);
-          for (int i = 0; i < 16; ++i)
-            _mm512_storeu_si512(dst_rows + piece * plane + static_cast<int64_t>(i0) * k32 + t0 / 16 * 512 + i * 32,
-                                block[piece][i]);
-        }
-      }
-    }
-  }
-
-  // B (k, n) row-major -> dst planes (k32 / 2, n16) of pairs; column tile
-  // j / 16 starts at j * k32 / 2.
-  static void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_t* dst_rows) {
-    const int64_t plane = static_cast<int64_t>(n16) * (k32 / 2);
-    // One tile (16 pair rows, 16 columns) at a time: its KiB is written in
-    // order (row by row, a 4 KiB stride would alias in L1).
-    for (int t0 = 0; t0 < k32 / 2; t0 += 16) {
-      for (int j = 0; j < n16; j += 16) {
-        const __mmask16 mask = lanes_mask(n - j);
-        uint32_t* dst = dst_rows + static_cast<int64_t>(j) * (k32 / 2) + t0 / 16 * 256;
-        for (int t = t0; t < t0 + 16; ++t) {
-          const int l = 2 * t;
-          __m512 r0[kPieces], r1[kPieces];
-          split_pieces<kPieces>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
-          split_pieces<kPieces>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
-          for (int piece = 0; piece < kPieces; ++piece)
-            _mm512_storeu_si512(dst + piece * plane + (t - t0) * 16, pair_rows(r0[piece], r1[piece]));
-        }
-      }
-    }
-  }
-
-  // C blocks of (16 * kRowTiles, 16 * kColTiles): per piece product and
-  // 32-wide k step, A and B tiles are loaded once and feed
-  // kRowTiles * kColTiles products.
-  template <int kRowTiles, int kColTiles>
-  void amx_block(const uint16_t* a_rows_packed, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
-                 int64_t b_col_stride, int64_t b_plane, int i0, int j0, int k32, float* c, int64_t ldc, bool accumulate) {
-    float* c00 = c + i0 * ldc + j0;
-    const int64_t c_stride = ldc * 4;
-    if (accumulate) {
-      _tile_loadd(0, c00, c_stride);
-      if (kColTiles > 1) _tile_loadd(1, c00 + 16, c_stride);
-      if (kRowTiles > 1) _tile_loadd(2, c00 + 16 * ldc, c_stride);
-      if (kRowTiles > 1 && kColTiles > 1) _tile_loadd(3, c00 + 16 * ldc + 16, c_stride);
-    } else {
-      _tile_zero(0);
-      if (kColTiles > 1) _tile_zero(1);
-      if (kRowTiles > 1) _tile_zero(2);
-      if (kRowTiles > 1 && kColTiles > 1) _tile_zero(3);
-    }
-    constexpr int64_t kTileStride = 64;  // bytes per tile row: tiles are contiguous
-    const uint16_t* a_rows = a_rows_packed + static_cast<int64_t>(i0) * a_row_length;
-    const uint32_t* b_cols = b_pairs + static_cast<int64_t>(j0 / 16) * b_col_stride;
-    const auto load_a = [&](int piece, int l) {
-      _tile_loadd(4, a_rows + piece * a_plane + l / 32 * 512, kTileStride);
-      if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * a_plane + 16 * a_row_length + l / 32 * 512, kTileStride);
-    };
-    const auto load_b = [&](int piece, int l) {
-      const uint32_t* b_tile = b_cols + piece * b_plane + l / 32 * 256;
-      _tile_loadd(6, b_tile, kTileStride);
-      if (kColTiles > 1) _tile_loadd(7, b_tile + b_col_stride, kTileStride);
-    };
-    const auto multiply = [] {
-      _tile_dpbf16ps(0, 4, 6);
-      if (kColTiles > 1) _tile_dpbf16ps(1, 4, 7);
-      if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
-      if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
-    };
-    if constexpr (Products::kSmall > 0) {
-      for (int l = 0; l < k32; l += 32) {
-#pragma GCC unroll 8
-        for (int step = 0; step < Products::kSmall; ++step) {
-          if (step == 0 || Products::a[step] != Products::a[step - 1]) load_a(Products::a[step], l);
-          if (step == 0 || Products::b[step] != Products::b[step - 1]) load_b(Products::b[step], l);
-          multiply();
-        }
-      }
-    }
-    for (int l = 0; l < k32; l += 32) {
-      load_a(0, l);
-      load_b(0, l);
-      multiply();
-    }
-    _tile_stored(0, c00, c_stride);
-    if (kColTiles > 1) _tile_stored(1, c00 + 16, c_stride);
-    if (kRowTiles > 1) _tile_stored(2, c00 + 16 * ldc, c_stride);
-    if (kRowTiles > 1 && kColTiles > 1) _tile_stored(3, c00 + 16 * ldc + 16, c_stride);
   }
 
   void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
@@ -504,9 +502,10 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     if (!direct && accumulate)
       for (int i = 0; i < m; ++i) std::memcpy(c_staging + i * ld, c + i * ldc, sizeof(float) * n);
 
-    static const AmxTileConfig config;
-    _tile_loadconfig(&config);
-    run_blocks(a_pieces, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, m16, n16, k32, target, ld, accumulate);
+    const PackedGemm blocks{a_pieces, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, m16, n16, k32, target, ld,
+                            accumulate};
+    _tile_loadconfig(&kTileConfig);
+    for (int index = 0; index < blocks.blocks(); ++index) run_block<kPieces>(blocks, index);
     _tile_release();
     if (!direct)
       for (int i = 0; i < m; ++i) std::memcpy(c + i * ldc, c_staging + i * ld, sizeof(float) * n);
@@ -549,30 +548,6 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
         }
       }
       gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
-    }
-  }
-
-  void run_blocks(const uint16_t* a_rows, int a_row_length, int64_t a_plane, const uint32_t* b_pairs,
-                  int64_t b_col_stride, int64_t b_plane, int m16, int n16, int k32, float* target, int64_t ld,
-                  bool accumulate) {
-    int i0 = 0;
-    for (; i0 + 32 <= m16; i0 += 32) {
-      int j0 = 0;
-      for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<2, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
-                        accumulate);
-      if (j0 < n16)
-        amx_block<2, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
-                        accumulate);
-    }
-    if (i0 < m16) {
-      int j0 = 0;
-      for (; j0 + 32 <= n16; j0 += 32)
-        amx_block<1, 2>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
-                        accumulate);
-      if (j0 < n16)
-        amx_block<1, 1>(a_rows, a_row_length, a_plane, b_pairs, b_col_stride, b_plane, i0, j0, k32, target, ld,
-                        accumulate);
     }
   }
 };

@@ -33,6 +33,11 @@
 //                   operand, packed in the same pass; p and dp are then read
 //                   only through those pins. False, doing nothing, where the
 //                   kernel set does not (all but AMX for bf16)
+//   fwd_plain_tile(tile)
+//                   one whole key tile of the forward (PlainTile in
+//                   fwd_impl.hpp) with the loop's state update; false,
+//                   doing nothing, where the kernel set has no such path
+//                   (all but AMX) or the operands are not packed
 //   pack_chunk(op, chunk, rows) / share(slot, op) / unshare(slot)
 //                   pack one chunk of staged rows in the kernel set's layout
 //                   (scratch.hpp, SharedOperand), and let gemms whose A or B

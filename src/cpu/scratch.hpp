@@ -147,7 +147,7 @@ struct FwdScratch {
   float* q_t;       // (D, kBlockM)  Q tile transposed: B operand of S^T = K Q^T
   float* s_t;       // (kBlockN, kBlockM) scores, then probabilities, one row per key
   float* drop;      // (kBlockN, kBlockM) dropout factors (0 or 1/(1-p)); only with dropout
-  float* o_t;       // (Dv, kBlockM) unnormalized output, transposed
+  float* o_t;       // (Dv, kBlockM) unnormalized output, transposed; rows up to a multiple of 16 (AMX tiles)
   float* row_max;   // (kBlockM) running max, log2 units
   float* row_sum;   // (kBlockM) running sum of exp2
   float* tile_max;  // (kBlockM)
@@ -161,7 +161,7 @@ inline FwdScratch carve_fwd(ScratchArena& arena, const AttnParams& p) {
   s.q_t = arena.take_floats(p.head_dim * kBlockM);
   s.s_t = arena.take_floats(kBlockN * kBlockM);
   s.drop = p.dropout.enabled ? arena.take_floats(kBlockN * kBlockM) : nullptr;
-  s.o_t = arena.take_floats(kBlockM * p.head_dim_v);
+  s.o_t = arena.take_floats(kBlockM * round_up_to(p.head_dim_v, 16));
   s.row_max = arena.take_floats(kBlockM);
   s.row_sum = arena.take_floats(kBlockM);
   s.tile_max = arena.take_floats(kBlockM);

@@ -30,6 +30,10 @@ struct StagedOperands {
                               const float* /*b*/, int64_t /*ldb*/) {
     return false;
   }
+  template <class Tile>
+  static bool fwd_plain_tile(const Tile& /*tile*/) {
+    return false;
+  }
   static bool softmax_grad(const float* /*p*/, float* /*dp*/, int64_t /*ld*/, int /*rows*/, int /*n*/,
                            const float* /*delta*/, int /*a_slot_p*/, int /*a_slot_ds*/, int /*b_slot*/) {
     return false;

@@ -150,6 +150,17 @@ std::vector<Case> build() {
       C(B16, 1, 2, 2, 128, 128, 192, 128).causal(),
       C(F32, 1, 2, 2, 17, 33, 8, 32),
       C(F16, 1, 2, 2, 33, 33, 256, 8),
+      // Whole 128-key tiles seen by every query of a Q tile whose size is a
+      // multiple of 16: the AMX forward's pipelined path (isa_amx.cpp,
+      // fwd_plain_tile) for head dims off the 32 grid, Dv != D, GQA, strides.
+      C(B16, 1, 2, 2, 256, 256, 8, 8),
+      C(F32, 1, 2, 2, 160, 256, 40, 40),
+      C(B16, 1, 2, 2, 256, 384, 80, 80),
+      C(F32, 1, 4, 2, 256, 256, 96, 160),
+      C(B16, 1, 4, 1, 272, 256, 160, 96).layout(HM),
+      C(F32, 1, 2, 2, 256, 256, 256, 256),
+      C(B16, 1, 2, 2, 384, 384, 192, 192).causal(),
+      C(B16, 0, 2, 2, 0, 0, 64, 64).varlen({256, 48, 0}, {384, 128, 0}),
       // Sequence lengths 1, 3, 17, 1000, 4096 and Sq != Sk both ways, both alignments.
       C(F32, 2, 2, 2, 1, 1, 64, 64),
       C(F16, 3, 2, 2, 1, 1000, 64, 64).causal(),
