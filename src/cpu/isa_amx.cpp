@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "common/half.hpp"
 #include "common/mask.hpp"
@@ -310,14 +311,26 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     const int vectors = width / 16;
     const int checks = kBlockN / kRowsPerCheck + vectors * (kPairs / kPairsPerCheck);
     int check = 0;
-    __m512 best[kPanel / 16];
-    for (__m512& column_best : best) column_best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int r0 = 0; r0 < kBlockN; r0 += kRowsPerCheck) {
-      for (int r = r0; r < r0 + kRowsPerCheck; ++r)
-        for (int v = 0; v < vectors; ++v) best[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * kPanel + 16 * v), best[v]);
-      schedule.run_share(++check, checks);
+    // The maxima in registers: one instantiation per vector count, so
+    // that the loop over them unrolls (with a run-time count they spilled).
+    const auto column_maxima = [&](auto vector_count) {
+      constexpr int kVectors = decltype(vector_count)::value;
+      __m512 best[kVectors];
+      for (__m512& column_best : best) column_best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int r0 = 0; r0 < kBlockN; r0 += kRowsPerCheck) {
+        for (int r = r0; r < r0 + kRowsPerCheck; ++r)
+          for (int v = 0; v < kVectors; ++v) best[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * kPanel + 16 * v), best[v]);
+        schedule.run_share(++check, checks);
+      }
+      for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(t.tile_max + c0 + 16 * v, best[v]);
+    };
+    static_assert(kPanel == 64, "column_maxima instantiates 1 to 4 vectors");
+    switch (vectors) {
+      case 1: column_maxima(std::integral_constant<int, 1>{}); break;
+      case 2: column_maxima(std::integral_constant<int, 2>{}); break;
+      case 3: column_maxima(std::integral_constant<int, 3>{}); break;
+      default: column_maxima(std::integral_constant<int, 4>{}); break;
     }
-    for (int v = 0; v < vectors; ++v) _mm512_storeu_ps(t.tile_max + c0 + 16 * v, best[v]);
     if (move_references(t.tile_max + c0, t.row_max + c0, t.alpha + c0, width, t.factor))
       rescale_queries<AmxKernels>(t.alpha + c0, t.tile_max + c0, t.row_sum + c0, t.o_t + c0, t.dv, width);
 
