@@ -308,6 +308,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
                      BlockSchedule<kPieces>& schedule) {
     constexpr int kPairs = kBlockN / 2;
     constexpr int kRowsPerCheck = 16, kPairsPerCheck = 8;
+    static_assert(kBlockN % kRowsPerCheck == 0 && kPairs % kPairsPerCheck == 0, "whole runs between checks");
     const int vectors = width / 16;
     const int checks = kBlockN / kRowsPerCheck + vectors * (kPairs / kPairsPerCheck);
     int check = 0;
@@ -339,18 +340,23 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       const __m512 subtrahend = _mm512_loadu_ps(t.tile_max + c0 + 16 * v);
       __m512 total = _mm512_setzero_ps();
       uint32_t* tile_pairs = p_packed + int64_t{c0 + 16 * v} * kPairs;  // (kPairs, 16) of this column tile
-      for (int pair = 0; pair < kPairs; ++pair) {
-        const __m512 p0 = exp2_unmasked_ps<kPlainDegree>(
-            _mm512_fmsub_ps(_mm512_loadu_ps(s + 2 * pair * kPanel + 16 * v), factor, subtrahend));
-        const __m512 p1 = exp2_unmasked_ps<kPlainDegree>(
-            _mm512_fmsub_ps(_mm512_loadu_ps(s + (2 * pair + 1) * kPanel + 16 * v), factor, subtrahend));
-        total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
-        __m512 pieces0[kPieces], pieces1[kPieces];
-        split_pieces<kPieces>(p0, pieces0);
-        split_pieces<kPieces>(p1, pieces1);
-        for (int piece = 0; piece < kPieces; ++piece)
-          _mm512_storeu_si512(tile_pairs + piece * p_plane + pair * 16, pair_rows(pieces0[piece], pieces1[piece]));
-        if (pair % kPairsPerCheck == kPairsPerCheck - 1) schedule.run_share(++check, checks);
+      // The gemm blocks run between runs of pairs, not inside them: a call
+      // clobbers every zmm register, and inside the loop body it made each
+      // pair reload its constants.
+      for (int pair0 = 0; pair0 < kPairs; pair0 += kPairsPerCheck) {
+        for (int pair = pair0; pair < pair0 + kPairsPerCheck; ++pair) {
+          const __m512 p0 = exp2_unmasked_ps<kPlainDegree>(
+              _mm512_fmsub_ps(_mm512_loadu_ps(s + 2 * pair * kPanel + 16 * v), factor, subtrahend));
+          const __m512 p1 = exp2_unmasked_ps<kPlainDegree>(
+              _mm512_fmsub_ps(_mm512_loadu_ps(s + (2 * pair + 1) * kPanel + 16 * v), factor, subtrahend));
+          total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
+          __m512 pieces0[kPieces], pieces1[kPieces];
+          split_pieces<kPieces>(p0, pieces0);
+          split_pieces<kPieces>(p1, pieces1);
+          for (int piece = 0; piece < kPieces; ++piece)
+            _mm512_storeu_si512(tile_pairs + piece * p_plane + pair * 16, pair_rows(pieces0[piece], pieces1[piece]));
+        }
+        schedule.run_share(++check, checks);
       }
       float* sum = t.row_sum + c0 + 16 * v;
       _mm512_storeu_ps(sum, _mm512_add_ps(_mm512_loadu_ps(sum), total));
