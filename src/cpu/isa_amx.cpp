@@ -195,6 +195,18 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     return true;
   }
 
+  // Probabilities of two consecutive keys (rows 2t, 2t + 1 of P^T) added to
+  // the column sums and stored as pair row t of a packed B operand, each
+  // piece in its plane.
+  static void pack_probability_pair(__m512 p0, __m512 p1, uint32_t* pair_row, int64_t plane, __m512& total) {
+    total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
+    __m512 pieces0[kPieces], pieces1[kPieces];
+    split_pieces<kPieces>(p0, pieces0);
+    split_pieces<kPieces>(p1, pieces1);
+    for (int piece = 0; piece < kPieces; ++piece)
+      _mm512_storeu_si512(pair_row + piece * plane, pair_rows(pieces0[piece], pieces1[piece]));
+  }
+
   // With a pin slot, P^T is packed as pack_b would pack it (pairs of rows,
   // one 16-column tile after another, each tile's pairs contiguous) while its
   // exp2 is still in registers, and pinned as the B operand at x; x itself is
@@ -218,13 +230,8 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
         return Base::probability(_mm512_maskz_loadu_ps(mask, x + r * ld + j0), factor, subtrahend, mask);
       };
       for (int t = 0; t < pairs; ++t) {
-        const __m512 p0 = probability_of_row(2 * t), p1 = probability_of_row(2 * t + 1);
-        total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
-        __m512 pieces0[kPieces], pieces1[kPieces];
-        split_pieces<kPieces>(p0, pieces0);
-        split_pieces<kPieces>(p1, pieces1);
-        for (int piece = 0; piece < kPieces; ++piece)
-          _mm512_storeu_si512(tile_pairs + piece * plane + t * 16, pair_rows(pieces0[piece], pieces1[piece]));
+        pack_probability_pair(probability_of_row(2 * t), probability_of_row(2 * t + 1), tile_pairs + t * 16, plane,
+                              total);
       }
       _mm512_mask_storeu_ps(sum + j0, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, sum + j0), total));
     }
@@ -349,12 +356,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
               _mm512_fmsub_ps(_mm512_loadu_ps(s + 2 * pair * kPanel + 16 * v), factor, subtrahend));
           const __m512 p1 = exp2_unmasked_ps<kPlainDegree>(
               _mm512_fmsub_ps(_mm512_loadu_ps(s + (2 * pair + 1) * kPanel + 16 * v), factor, subtrahend));
-          total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
-          __m512 pieces0[kPieces], pieces1[kPieces];
-          split_pieces<kPieces>(p0, pieces0);
-          split_pieces<kPieces>(p1, pieces1);
-          for (int piece = 0; piece < kPieces; ++piece)
-            _mm512_storeu_si512(tile_pairs + piece * p_plane + pair * 16, pair_rows(pieces0[piece], pieces1[piece]));
+          pack_probability_pair(p0, p1, tile_pairs + pair * 16, p_plane, total);
         }
         schedule.run_share(++check, checks);
       }
