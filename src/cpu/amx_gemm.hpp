@@ -27,6 +27,10 @@ struct PackedGemm {
   float* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  // A's k in chunks of a_chunk_k (a multiple of 32) a_chunk_stride elements
+  // apart (one chunk per key tile of a shared operand); 0: one run.
+  int a_chunk_k = 0;
+  int64_t a_chunk_stride = 0;
   int col_blocks() const { return (n16 + 31) / 32; }
   int blocks() const { return (m16 + 31) / 32 * col_blocks(); }
 };
@@ -54,8 +58,10 @@ void amx_block(const PackedGemm& g, int i0, int j0) {
   const uint16_t* a_rows = g.a + i0 * g.a_row_length;
   const uint32_t* b_cols = g.b + static_cast<int64_t>(j0 / 16) * g.b_col_stride;
   const auto load_a = [&](int piece, int l) {
-    _tile_loadd(4, a_rows + piece * g.a_plane + l / 32 * 512, kTileStride);
-    if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * g.a_plane + 16 * g.a_row_length + l / 32 * 512, kTileStride);
+    const int64_t k_offset =
+        g.a_chunk_k == 0 ? l / 32 * 512 : l / g.a_chunk_k * g.a_chunk_stride + l % g.a_chunk_k / 32 * 512;
+    _tile_loadd(4, a_rows + piece * g.a_plane + k_offset, kTileStride);
+    if (kRowTiles > 1) _tile_loadd(5, a_rows + piece * g.a_plane + 16 * g.a_row_length + k_offset, kTileStride);
   };
   const auto load_b = [&](int piece, int l) {
     const uint32_t* b_tile = b_cols + piece * g.b_plane + l / 32 * 256;
@@ -103,11 +109,11 @@ void run_block(const PackedGemm& g, int index) {
     amx_block<kPieces, 1, 1>(g, i0, j0);
 }
 
-// Blocks of up to two gemms, run in order a share at a time
+// Blocks of up to three gemms, run in order a share at a time
 // (run_share) between steps of vector work.
 template <int kPieces>
 struct BlockSchedule {
-  PackedGemm gemms[2];
+  PackedGemm gemms[3];
   int count = 0, total = 0, done = 0;
   int current = 0, first_block = 0;  // the next block: gemms[current], its first_block'th
   void add(const PackedGemm& g) {

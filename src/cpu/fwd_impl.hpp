@@ -97,6 +97,7 @@ struct PlainTile {
   const float* v_tile;  // (kBlockN, dv), read as V^T
   const float* q_t;     // (d, kBlockM), pinned in slot 0
   int d = 0, dv = 0, nq = 0;
+  int tiles = 1;        // key tiles, 1 or 2 (consecutive, both plain)
   float factor = 1.0f;  // scores to log2 units
   float* s_t;           // (kBlockN, kBlockM) scratch
   float* o_t;           // (dv, kBlockM), rows up to a multiple of 16
@@ -169,10 +170,18 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     const int nq = q_hi - q_lo;
     if (nq == 0) continue;
     const bool raw_scores = !ctx.dropout.enabled && !(ctx.softcap > 0.0f) && !ctx.has_alibi;
-    if (!masked && raw_scores && nk == kBlockN && mq % 16 == 0 &&
-        isa.fwd_plain_tile(PlainTile{k_tile, v_tile, w.q_t, d, dv, mq, ctx.scale * kLog2e, w.s_t, w.o_t, w.row_max,
-                                     w.row_sum, w.tile_max, w.alpha}))
-      continue;
+    if (!masked && raw_scores && nk == kBlockN && mq % 16 == 0) {
+      // Two plain tiles in a row go together (P V over 2 kBlockN keys).
+      const int64_t k1 = k0 + kBlockN;
+      const bool pair = k1 + kBlockN <= std::min(key_end, seq.seqlen_k) &&
+                        ctx.mask.tile_fully_visible(m0, m0 + mq, k1, k1 + kBlockN);
+      const PlainTile tile{k_tile, v_tile, w.q_t, d, dv, mq, pair ? 2 : 1, ctx.scale * kLog2e, w.s_t, w.o_t,
+                           w.row_max, w.row_sum, w.tile_max, w.alpha};
+      if (isa.fwd_plain_tile(tile)) {
+        k0 += (tile.tiles - 1) * kBlockN;
+        continue;
+      }
+    }
     float* s_t = w.s_t + q_lo;  // (nk, nq), ld kBlockM
     float* row_max = w.row_max + q_lo;
     float* row_sum = w.row_sum + q_lo;

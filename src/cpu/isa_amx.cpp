@@ -267,38 +267,52 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   bool fwd_plain_tile(const Tile& t) {
     const PinnedB& q_pin = pinned[0];
     if (q_pin.source != t.q_t || q_pin.k != t.d || q_pin.n != t.nq) return false;
+    const int keys = t.tiles * kBlockN;
+    // K per key tile (S^T's rows), V^T's key tiles as one A operand.
+    const uint16_t* k_packed[2] = {};
     int k_row_length = 0, v_row_length = 0;
-    int64_t k_plane = 0, v_plane = 0;
-    const uint16_t* k_packed = find_packed_a(kBlockN, t.d, t.k_tile, t.d, 1, k_row_length, k_plane);
-    const uint16_t* vt_packed = find_packed_a(t.dv, kBlockN, t.v_tile, 1, t.dv, v_row_length, v_plane);
-    if (k_packed == nullptr || vt_packed == nullptr) return false;
+    int64_t k_plane = 0, v_plane = 0, v_chunk_stride = 0;
+    const uint16_t* vt_packed = nullptr;
+    for (int tile = 0; tile < t.tiles; ++tile) {
+      k_packed[tile] = find_packed_a(kBlockN, t.d, t.k_tile + int64_t{tile} * kBlockN * t.d, t.d, 1, k_row_length,
+                                     k_plane);
+      const uint16_t* vt =
+          find_packed_a(t.dv, kBlockN, t.v_tile + int64_t{tile} * kBlockN * t.dv, 1, t.dv, v_row_length, v_plane);
+      if (k_packed[tile] == nullptr || vt == nullptr) return false;
+      if (tile == 0) vt_packed = vt;
+      else v_chunk_stride = vt - vt_packed;
+    }
 
     const int d32 = round_up(t.d, 32);
-    constexpr int kPairs = kBlockN / 2;
+    const int pairs = keys / 2;
     PinnedB& p_pin = pinned[kPinnedP];
-    const int64_t p_plane = int64_t{t.nq} * kPairs;
-    p_pin = PinnedB{t.s_t, kBlockN, t.nq, kBlockM, p_pin.packed};
-    float* ring[2] = {t.s_t, t.s_t + kBlockN * kPanel};
+    const int64_t p_plane = int64_t{t.nq} * pairs;
+    p_pin = PinnedB{t.s_t, keys, t.nq, kBlockM, p_pin.packed};
+    float* ring[2] = {t.s_t, t.s_t + int64_t{keys} * kPanel};
     const int panels = (t.nq + kPanel - 1) / kPanel;
     const auto width = [&](int panel) { return std::min(kPanel, t.nq - panel * kPanel); };
-    const auto scores = [&](int panel) {  // S^T (kBlockN, width) = K Q^T
+    const auto scores = [&](int panel, int tile) {  // rows of S^T (kBlockN, width) = K Q^T
       const int c0 = panel * kPanel;
-      return PackedGemm{k_packed, k_row_length, k_plane, q_pin.packed + int64_t{c0} * (d32 / 2), int64_t{d32} * 8,
-                        int64_t{t.nq} * (d32 / 2), kBlockN, width(panel), d32, ring[panel % 2], kPanel, false};
+      return PackedGemm{k_packed[tile], k_row_length, k_plane, q_pin.packed + int64_t{c0} * (d32 / 2),
+                        int64_t{d32} * 8, int64_t{t.nq} * (d32 / 2), kBlockN, width(panel), d32,
+                        ring[panel % 2] + int64_t{tile} * kBlockN * kPanel, kPanel, false};
     };
     const auto output = [&](int panel) {  // O^T (dv, width) += V^T P^T
       const int c0 = panel * kPanel;
-      return PackedGemm{vt_packed, v_row_length, v_plane, p_pin.packed + int64_t{c0} * kPairs, int64_t{kBlockN} * 8,
-                        p_plane, round_up(t.dv, 16), width(panel), kBlockN, t.o_t + c0, kBlockM, true};
+      PackedGemm g{vt_packed, v_row_length, v_plane, p_pin.packed + int64_t{c0} * pairs, int64_t{keys} * 8,
+                   p_plane, round_up(t.dv, 16), width(panel), keys, t.o_t + c0, kBlockM, true};
+      g.a_chunk_k = kBlockN;
+      g.a_chunk_stride = v_chunk_stride;
+      return g;
     };
 
     _tile_loadconfig(&kTileConfig);
     for (int step = 0; step <= panels + 1; ++step) {
       BlockSchedule<kPieces> schedule;
-      if (step < panels) schedule.add(scores(step));
+      for (int tile = 0; step < panels && tile < t.tiles; ++tile) schedule.add(scores(step, tile));
       if (step >= 2) schedule.add(output(step - 2));
-      if (step >= 1 && step <= panels) panel_softmax(t, (step - 1) * kPanel, width(step - 1), ring[(step - 1) % 2],
-                                                     p_pin.packed, p_plane, schedule);
+      if (step >= 1 && step <= panels) panel_softmax(t, keys, (step - 1) * kPanel, width(step - 1),
+                                                     ring[(step - 1) % 2], p_pin.packed, p_plane, schedule);
       schedule.run_share(1, 1);
     }
     _tile_release();
@@ -311,13 +325,13 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   // rescale_queries and exp2_tile_sum with a pin slot do it (but with
   // exp2_unmasked_ps), with `schedule`'s blocks run in shares along the way.
   template <class Tile>
-  void panel_softmax(const Tile& t, int c0, int width, const float* s, uint32_t* p_packed, int64_t p_plane,
+  void panel_softmax(const Tile& t, int keys, int c0, int width, const float* s, uint32_t* p_packed, int64_t p_plane,
                      BlockSchedule<kPieces>& schedule) {
-    constexpr int kPairs = kBlockN / 2;
+    const int pairs = keys / 2;
     constexpr int kRowsPerCheck = 16, kPairsPerCheck = 8;
-    static_assert(kBlockN % kRowsPerCheck == 0 && kPairs % kPairsPerCheck == 0, "whole runs between checks");
+    static_assert(kBlockN % kRowsPerCheck == 0 && kBlockN / 2 % kPairsPerCheck == 0, "whole runs between checks");
     const int vectors = width / 16;
-    const int checks = kBlockN / kRowsPerCheck + vectors * (kPairs / kPairsPerCheck);
+    const int checks = keys / kRowsPerCheck + vectors * (pairs / kPairsPerCheck);
     int check = 0;
     // The maxima in registers: one instantiation per vector count, so
     // that the loop over them unrolls (with a run-time count they spilled).
@@ -325,7 +339,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       constexpr int kVectors = decltype(vector_count)::value;
       __m512 best[kVectors];
       for (__m512& column_best : best) column_best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int r0 = 0; r0 < kBlockN; r0 += kRowsPerCheck) {
+      for (int r0 = 0; r0 < keys; r0 += kRowsPerCheck) {
         for (int r = r0; r < r0 + kRowsPerCheck; ++r)
           for (int v = 0; v < kVectors; ++v) best[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * kPanel + 16 * v), best[v]);
         schedule.run_share(++check, checks);
@@ -346,11 +360,11 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     for (int v = 0; v < vectors; ++v) {
       const __m512 subtrahend = _mm512_loadu_ps(t.tile_max + c0 + 16 * v);
       __m512 total = _mm512_setzero_ps();
-      uint32_t* tile_pairs = p_packed + int64_t{c0 + 16 * v} * kPairs;  // (kPairs, 16) of this column tile
+      uint32_t* tile_pairs = p_packed + int64_t{c0 + 16 * v} * pairs;  // (pairs, 16) of this column tile
       // The gemm blocks run between runs of pairs, not inside them: a call
       // clobbers every zmm register, and inside the loop body it made each
       // pair reload its constants.
-      for (int pair0 = 0; pair0 < kPairs; pair0 += kPairsPerCheck) {
+      for (int pair0 = 0; pair0 < pairs; pair0 += kPairsPerCheck) {
         for (int pair = pair0; pair < pair0 + kPairsPerCheck; ++pair) {
           const __m512 p0 = exp2_unmasked_ps<kPlainDegree>(
               _mm512_fmsub_ps(_mm512_loadu_ps(s + 2 * pair * kPanel + 16 * v), factor, subtrahend));
