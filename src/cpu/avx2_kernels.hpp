@@ -200,6 +200,8 @@ struct Avx2KernelSet : StagedOperands {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
+  static void exp2_sub_vec_unmasked(float* x, int n, float mul, const float* sub) { exp2_sub_vec(x, n, mul, sub); }
+
   static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
     const __m256 factor = _mm256_set1_ps(mul);
     int i = 0;

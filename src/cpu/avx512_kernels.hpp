@@ -190,6 +190,16 @@ struct Avx512KernelSet : StagedOperands {
     }
   }
 
+  // The same where no x is -inf (exp2_unmasked_ps, one degree less on [0, 1)).
+  static void exp2_sub_vec_unmasked(float* x, int n, float mul, const float* sub) {
+    const __m512 factor = _mm512_set1_ps(mul);
+    for (int i = 0; i < n; i += 16) {
+      const __mmask16 mask = lanes_mask(n - i);
+      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
+      _mm512_mask_storeu_ps(x + i, mask, exp2_unmasked_ps<kExp2Degree - 1>(v));
+    }
+  }
+
   // Columns in panels of kPanelColumns: the panel's running values stay in
   // zmm registers down all rows, so each element of x is read once (was:
   // a load and store of the sum per row).

@@ -265,7 +265,7 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
     const float* delta = w.delta + q_lo;
     isa.gemm(nk, nq, d, k_tile, d, 1, w.q_t + q_lo, kBlockM, s_t, kBlockM, false);  // S^T (nk, nq)
     const float factor = shape_scores<true>(s_t, kBlockM, ctx, m0 + q_lo, nq, k0, nk, masked, tanh_t);
-    for (int j = 0; j < nk; ++j) isa.exp2_sub_vec(s_t + j * kBlockM, nq, factor, w.lse2 + q_lo);  // P^T
+    recompute_probabilities(isa, s_t, nk, nq, factor, w.lse2 + q_lo, masked);  // P^T
     isa.gemm(nk, nq, dv, v_tile, dv, 1, w.dout_t + q_lo, kBlockM, dp_t, kBlockM, false);  // (dO V^T)^T
 
     if (ctx.dropout.enabled)

@@ -41,6 +41,8 @@ struct GenericKernels : StagedOperands {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
+  static void exp2_sub_vec_unmasked(float* x, int n, float mul, const float* sub) { exp2_sub_vec(x, n, mul, sub); }
+
   static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
     for (int i = 0; i < n; ++i) x[i] = std::exp2(x[i] * mul - sub[i]);
   }

@@ -10,6 +10,10 @@
 //                   overwriting A with it; the others are gemm
 //   gemm_exact_b    the same for a B that holds P
 //   exp2_sub_vec    x[i] = exp2(x[i] * mul - sub[i])
+//   exp2_sub_vec_unmasked
+//                   the same for arguments that are never -inf: an argument
+//                   below -125 may give 2^-125 p(f) instead of 0 (AVX-512:
+//                   exp2_unmasked_ps); exp2_sub_vec elsewhere
 //   column_max      out[i] = max over r < rows of x[r * ld + i], i < n, a
 //                   NaN element ignored as by std::max(out, x)
 //   exp2_tile_sum   x[r * ld + i] = exp2(x[r * ld + i] * mul - sub[i]) for

@@ -310,6 +310,20 @@ float shape_scores(float* s, int64_t ld, const ScoreContext& ctx, int64_t q0, in
   return factor;
 }
 
+// The backward's P^T = exp2(S^T * factor - LSE) over rows (keys) of n
+// queries, ld kBlockM. Only a masked tile holds -inf scores; the others take
+// the kernel set's cheaper exp2 for finite arguments where it has one.
+template <class Isa>
+void recompute_probabilities(Isa& isa, float* s_t, int rows, int n, float factor, const float* lse2, bool masked) {
+  for (int j = 0; j < rows; ++j) {
+    float* row = s_t + static_cast<int64_t>(j) * kBlockM;
+    if (masked)
+      isa.exp2_sub_vec(row, n, factor, lse2);
+    else
+      isa.exp2_sub_vec_unmasked(row, n, factor, lse2);
+  }
+}
+
 // drop[...] = keep ? kept : 0 for the tile at (q0, k0); k0 is a multiple of
 // 4 (tiles start on the kBlockN grid), so one Philox call covers 4 columns.
 // kept is 1/(1-p), or 1 where a product rounds P to bf16 (AMX): P * 1/(1-p)
