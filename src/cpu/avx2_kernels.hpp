@@ -235,7 +235,7 @@ struct Avx2KernelSet : StagedOperands {
   }
 
   static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
-                            int /*pin_slot*/) {
+                            int /*pin_slot*/, bool /*finite*/) {
     for (int r = 0; r < rows; ++r) exp2_row_sum(x + r * ld, n, mul, sub, sum);
   }
 

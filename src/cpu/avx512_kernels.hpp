@@ -226,13 +226,24 @@ struct Avx512KernelSet : StagedOperands {
   }
 
   // One element's probability, the sum of a panel's column and the
-  // subtrahends, shared with the AMX kernel set's packing form.
+  // subtrahends, shared with the AMX kernel set's packing form. kFinite: no
+  // score is -inf (exp2_unmasked_ps, one degree less on [0, 1)).
+  template <bool kFinite>
   static __m512 probability(__m512 score, __m512 factor, __m512 subtrahend, __mmask16 mask) {
-    return _mm512_maskz_mov_ps(mask, exp2_ps<kExp2Degree>(_mm512_fmsub_ps(score, factor, subtrahend)));
+    const __m512 x = _mm512_fmsub_ps(score, factor, subtrahend);
+    return _mm512_maskz_mov_ps(mask, kFinite ? exp2_unmasked_ps<kExp2Degree - 1>(x) : exp2_ps<kExp2Degree>(x));
   }
 
   static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
-                            int /*pin_slot*/) {
+                            int /*pin_slot*/, bool finite) {
+    if (finite)
+      exp2_tile_sum_as<true>(x, ld, rows, n, mul, sub, sum);
+    else
+      exp2_tile_sum_as<false>(x, ld, rows, n, mul, sub, sum);
+  }
+
+  template <bool kFinite>
+  static void exp2_tile_sum_as(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum) {
     const __m512 factor = _mm512_set1_ps(mul);
     for (int i0 = 0; i0 < n; i0 += kPanelColumns) {
       __mmask16 mask[kPanelVectors];
@@ -246,7 +257,7 @@ struct Avx512KernelSet : StagedOperands {
         float* row = x + r * ld + i0;
         for (int v = 0; v < kPanelVectors; ++v) {
           const __m512 p =
-              probability(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), factor, subtrahend[v], mask[v]);
+              probability<kFinite>(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), factor, subtrahend[v], mask[v]);
           _mm512_mask_storeu_ps(row + 16 * v, mask[v], p);
           total[v] = _mm512_add_ps(total[v], p);
         }

@@ -202,7 +202,7 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
     // Where P^T only feeds the plain P V gemm, a kernel set may keep it packed.
     const bool packed_p = !ctx.dropout.enabled && !exact_output && !trimmed;
     if (rescale) rescale_queries<Isa>(alpha, tile_max, row_sum, o_t, dv, nq);
-    isa.exp2_tile_sum(s_t, kBlockM, nk, nq, factor, tile_max, row_sum, packed_p ? kPinnedP : -1);
+    isa.exp2_tile_sum(s_t, kBlockM, nk, nq, factor, tile_max, row_sum, packed_p ? kPinnedP : -1, !masked);
     // The normalizer l uses the undropped P; only P V sees the dropout mask.
     if (ctx.dropout.enabled) {
       float* drop = w.drop + q_lo;

@@ -211,11 +211,21 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   // one 16-column tile after another, each tile's pairs contiguous) while its
   // exp2 is still in registers, and pinned as the B operand at x; x itself is
   // not written. That drops P^T's fp32 store and pack_b's pass over it.
-  void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum, int pin_slot) {
+  void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum, int pin_slot,
+                     bool finite) {
     if (pin_slot < 0) {
-      Base::exp2_tile_sum(x, ld, rows, n, mul, sub, sum, pin_slot);
+      Base::exp2_tile_sum(x, ld, rows, n, mul, sub, sum, pin_slot, finite);
       return;
     }
+    if (finite)
+      pack_exp2_tile_sum<true>(x, ld, rows, n, mul, sub, sum, pin_slot);
+    else
+      pack_exp2_tile_sum<false>(x, ld, rows, n, mul, sub, sum, pin_slot);
+  }
+
+  template <bool kFinite>
+  void pack_exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
+                          int pin_slot) {
     PinnedB& pin = pinned[pin_slot];
     const int pairs = round_up(rows, 32) / 2;
     const int64_t plane = int64_t{round_up(n, 16)} * pairs;
@@ -227,7 +237,8 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       uint32_t* tile_pairs = pin.packed + int64_t{j0} * pairs;  // (pairs, 16) of this column tile
       const auto probability_of_row = [&](int r) {
         if (r >= rows) return _mm512_setzero_ps();
-        return Base::probability(_mm512_maskz_loadu_ps(mask, x + r * ld + j0), factor, subtrahend, mask);
+        return Base::template probability<kFinite>(_mm512_maskz_loadu_ps(mask, x + r * ld + j0), factor, subtrahend,
+                                                    mask);
       };
       for (int t = 0; t < pairs; ++t) {
         pack_probability_pair(probability_of_row(2 * t), probability_of_row(2 * t + 1), tile_pairs + t * 16, plane,

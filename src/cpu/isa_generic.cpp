@@ -54,7 +54,7 @@ struct GenericKernels : StagedOperands {
   }
 
   static void exp2_tile_sum(float* x, int64_t ld, int rows, int n, float mul, const float* sub, float* sum,
-                            int /*pin_slot*/) {
+                            int /*pin_slot*/, bool /*finite*/) {
     for (int r = 0; r < rows; ++r) {
       float* row = x + r * ld;
       for (int i = 0; i < n; ++i) {

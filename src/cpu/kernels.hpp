@@ -18,6 +18,8 @@
 //                   NaN element ignored as by std::max(out, x)
 //   exp2_tile_sum   x[r * ld + i] = exp2(x[r * ld + i] * mul - sub[i]) for
 //                   r < rows, i < n, and sum[i] += the new column sums;
+//                   with `finite` no x is -inf and the kernel set may take
+//                   its exp2 for finite arguments (exp2_sub_vec_unmasked);
 //                   with pin_slot >= 0 the caller reads x afterwards only as
 //                   the B operand (k = rows, n, ldb = ld) of gemms until
 //                   unpin_b(pin_slot): a kernel set that packs B (AMX) packs
