@@ -74,12 +74,13 @@ void amx_block(const PackedGemm& g, int i0, int j0) {
     if (kRowTiles > 1) _tile_dpbf16ps(2, 5, 6);
     if (kRowTiles > 1 && kColTiles > 1) _tile_dpbf16ps(3, 5, 7);
   };
-  if constexpr (SplitProducts<kPieces>::kSmall > 0) {
+  using Products = SplitProducts<kPieces>;
+  if constexpr (Products::kSmall > 0) {
     for (int l = 0; l < g.k32; l += 32) {
 #pragma GCC unroll 8
-      for (int step = 0; step < SplitProducts<kPieces>::kSmall; ++step) {
-        if (step == 0 || SplitProducts<kPieces>::a[step] != SplitProducts<kPieces>::a[step - 1]) load_a(SplitProducts<kPieces>::a[step], l);
-        if (step == 0 || SplitProducts<kPieces>::b[step] != SplitProducts<kPieces>::b[step - 1]) load_b(SplitProducts<kPieces>::b[step], l);
+      for (int step = 0; step < Products::kSmall; ++step) {
+        if (step == 0 || Products::a[step] != Products::a[step - 1]) load_a(Products::a[step], l);
+        if (step == 0 || Products::b[step] != Products::b[step - 1]) load_b(Products::b[step], l);
         multiply();
       }
     }

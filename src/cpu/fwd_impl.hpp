@@ -88,18 +88,19 @@ void rescale_queries(float* alpha, const float* subtrahend, float* row_sum, floa
   }
 }
 
-// A key tile that every query of the Q tile sees whole, with raw scores (no
-// softcap, ALiBi or dropout) and full (kBlockN keys, a multiple of 16
-// queries): a kernel set may run all of it at once (fwd_plain_tile), with
-// the same state update as fwd_q_tile's loop.
+// One or two consecutive key tiles that every query of the Q tile sees
+// whole, with raw scores (no softcap, ALiBi or dropout) and full (kBlockN
+// keys each, a multiple of 16 queries): a kernel set may run them at once
+// (fwd_plain_tile) as one tile of tiles * kBlockN keys, with the state update
+// of fwd_q_tile's loop.
 struct PlainTile {
-  const float* k_tile;  // (kBlockN, d), the shared operand's rows
-  const float* v_tile;  // (kBlockN, dv), read as V^T
+  const float* k_tile;  // (tiles * kBlockN, d), the shared operand's rows
+  const float* v_tile;  // (tiles * kBlockN, dv), read as V^T
   const float* q_t;     // (d, kBlockM), pinned in slot 0
   int d = 0, dv = 0, nq = 0;
   int tiles = 1;        // key tiles, 1 or 2 (consecutive, both plain)
   float factor = 1.0f;  // scores to log2 units
-  float* s_t;           // (kBlockN, kBlockM) scratch
+  float* s_t;           // (kBlockN, kBlockM) scratch, as many floats as the loop's S^T
   float* o_t;           // (dv, kBlockM), rows up to a multiple of 16
   float* row_max;
   float* row_sum;

@@ -257,23 +257,26 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   // Queries per panel of the pipelined key tile.
   static constexpr int kPanel = 64;
 
-  // A whole key tile of fwd_q_tile's loop (PlainTile: no mask, raw scores)
-  // in panels of kPanel queries. The softmax is column-wise, so each panel
-  // is independent of the others until O^T: step s computes S^T of panel s
-  // (into a ring of two (kBlockN, kPanel) buffers, 32 KiB each, which the
-  // softmax reads back from L1 rather than from the 128 KiB score tile in
-  // L2) and O^T += V^T P^T of panel s - 2 on the tile unit, and runs the
+  // One or two whole key tiles of fwd_q_tile's loop (PlainTile: no mask,
+  // raw scores) in panels of kPanel queries. The softmax is column-wise, so
+  // each panel is independent of the others until O^T: step s computes S^T
+  // of panel s (into a ring of two (keys, kPanel) buffers, 32 KiB each for
+  // one tile, which the softmax reads back from L1 rather than from the
+  // 128 KiB score tile in L2; 64 KiB for two) and O^T += V^T P^T of panel
+  // s - 2 on the tile unit (k = all the keys: two tiles halve O^T's tile
+  // loads and stores per key, measured +5-7 % at 4k), and runs the
   // softmax of panel s - 1 on the vector units with the gemm blocks spread
-  // over its checkpoints. The tile unit and the vector ports overlap only in
-  // part (measured here: a 2 x 2 block of 8 products and 16 exp2 vectors
-  // interleaved take 84% of their separate times; finer interleaving gains
-  // nothing more); interleaved, the forward measured 5-7% faster at 1k (bf16
-  // and fp32) and 1-2% at 4k than with the same steps run one after another. Panels of 64 measured 2-6% faster
-  // than 32 (K and V^T tiles reused for twice the queries) and than 128. The
-  // exp2 is exp2_unmasked_ps: no score of a plain tile is -inf. The state
-  // update is the loop's (move_references, rescale_queries). False, doing
-  // nothing, where K or V^T is not a shared packing or Q^T not pinned in slot
-  // 0.
+  // over its checkpoints. The tile unit and the vector ports overlap only
+  // when interleaved finely (dev/amx_microbench.cpp: exp2 pairs between the
+  // k steps of a block hide behind its products, a whole block then the
+  // pairs do not overlap at all), but blocks cut into k steps measured
+  // slower here; whole blocks between runs of 8 pairs measured 5-7% faster
+  // at 1k (bf16 and fp32) and 1-2% at 4k than the same steps run one after
+  // another. Panels of 64 measured 2-6% faster than 32 (K and V^T tiles
+  // reused for twice the queries) and than 128. The exp2 is
+  // exp2_unmasked_ps: no score of a plain tile is -inf. The state update is
+  // the loop's (move_references, rescale_queries). False, doing nothing,
+  // where K or V^T is not a shared packing or Q^T not pinned in slot 0.
   template <class Tile>
   bool fwd_plain_tile(const Tile& t) {
     const PinnedB& q_pin = pinned[0];
