@@ -136,8 +136,7 @@ struct BlockSchedule {
 
 // A element (i, l) at a[i * a_row + l * a_col] -> dst planes (m16, k32).
 template <int kPieces>
-void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32,
-                   uint16_t* dst_rows) {
+void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, uint16_t* dst_rows) {
   const int64_t plane = static_cast<int64_t>(m16) * k32;
   if (a_col == 1) {
     for (int i = 0; i < m16; ++i) {

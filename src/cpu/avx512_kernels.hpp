@@ -181,22 +181,20 @@ struct Avx512KernelSet : StagedOperands {
     gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
   }
 
-  static void exp2_sub_vec(float* x, int n, float mul, const float* sub) {
-    const __m512 factor = _mm512_set1_ps(mul);
-    for (int i = 0; i < n; i += 16) {
-      const __mmask16 mask = lanes_mask(n - i);
-      const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
-      _mm512_mask_storeu_ps(x + i, mask, exp2_ps<kExp2Degree>(v));
-    }
-  }
+  static void exp2_sub_vec(float* x, int n, float mul, const float* sub) { exp2_sub_vec_as<false>(x, n, mul, sub); }
 
   // The same where no x is -inf (exp2_unmasked_ps, one degree less on [0, 1)).
   static void exp2_sub_vec_unmasked(float* x, int n, float mul, const float* sub) {
+    exp2_sub_vec_as<true>(x, n, mul, sub);
+  }
+
+  template <bool kFinite>
+  static void exp2_sub_vec_as(float* x, int n, float mul, const float* sub) {
     const __m512 factor = _mm512_set1_ps(mul);
     for (int i = 0; i < n; i += 16) {
       const __mmask16 mask = lanes_mask(n - i);
       const __m512 v = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + i), factor, _mm512_maskz_loadu_ps(mask, sub + i));
-      _mm512_mask_storeu_ps(x + i, mask, exp2_unmasked_ps<kExp2Degree - 1>(v));
+      _mm512_mask_storeu_ps(x + i, mask, kFinite ? exp2_unmasked_ps<kExp2Degree - 1>(v) : exp2_ps<kExp2Degree>(v));
     }
   }
 
