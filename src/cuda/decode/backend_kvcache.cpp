@@ -76,14 +76,18 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   plan->rows_padded = plan->row_blocks * block_rows;
   const int64_t blocks = p.batch * p.heads_kv * plan->row_blocks;
   const int64_t max_by_keys = std::max<int64_t>(1, (p.capacity + decode::kKeysPerTile - 1) / decode::kKeysPerTile);
+  int sm_count = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
   if (p.num_splits > 0) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {
-    int sm_count = 0;
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
     const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
+  // A grid of at most one block per SM leaves each SM the shared memory of a second block, which
+  // the deep ring's instance spends on more slabs in flight (contiguous caches only).
+  plan->deep_ring = kernel == decode::DecodeKernel::kMma && !p.paged && decode::deep_ring_allowed() &&
+                    blocks * plan->splits <= sm_count;
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);

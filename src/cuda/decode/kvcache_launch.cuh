@@ -126,11 +126,17 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
+    using DeepTraits = SplitKvMmaTraits<Element, kHeadDim, true>;
     const CacheWalk walk = cache_walk(p);
-    auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
-                  : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
-                                                  : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
-    FA_TRY(launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, appended, stream));
+    if (plan.deep_ring && walk == CacheWalk::kContiguous) {
+      FA_TRY(launch_split_kv<DeepTraits>(split_kv_mma_kernel<DeepTraits, Element, CacheWalk::kContiguous>, p, plan,
+                                         o_partial, lse_partial, appended, stream));
+    } else {
+      auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
+                    : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
+                                                    : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
+      FA_TRY(launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, appended, stream));
+    }
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
     using Eight = SplitKvWarpTraits<Element, kHeadDim, 8>;

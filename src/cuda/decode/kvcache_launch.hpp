@@ -75,12 +75,19 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
   return forced > 0 ? forced : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
+// FLASHATTN_DECODE_DEEP_RING=0: never the deep-ring instance (an A/B in one process); read per call.
+inline bool deep_ring_allowed() {
+  const char* value = std::getenv("FLASHATTN_DECODE_DEEP_RING");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
 // partials of the splits (none when splits == 1).
 struct KvCachePlan {
   int splits = 1;
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
+  bool deep_ring = false;  // the mma kernel's one-block-per-SM instance (SplitKvMmaTraits::kDeepRing)
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 
