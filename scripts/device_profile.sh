@@ -8,6 +8,7 @@
 #   FA_PROFILE="decode bwd fwd"   which kernels to profile
 #   FA_HEADDIMS="64;128"           head-dim classes to compile
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
+#   FA_PROFILE_LIB=""              a library built earlier in the call (e.g. device_run.sh's build/): no build
 #   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes (also
 #                                  b8_32k_s2, b8_32k_p16_s2: B = 8, 32k keys, two splits = one block per SM,
 #                                  contiguous and paged 16; b1_16: B = 1, 16 keys, a call's fixed cost;
@@ -23,16 +24,20 @@ SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $PROFILE " == *" $1 "* ]]; }
-export FLASHATTN_LIB=$PWD/build-profile/libflashattn.so
+export FLASHATTN_LIB=${FA_PROFILE_LIB:-$PWD/build-profile/libflashattn.so}
 
 note "== device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader), $(uname -r)"
 start=$(date +%s)
-cmake -S . -B build-profile -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
-  -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128}" -DFLASHATTN_CUDA_DTYPES=bf16 \
-  -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON \
-  ${FA_CMAKE_ARGS:-} >"$OUT/ncu/build.log" 2>&1 && ninja -C build-profile -j "$(nproc)" flashattn >>"$OUT/ncu/build.log" 2>&1 ||
-  { note "build FAILED"; grep -m20 -A5 error "$OUT/ncu/build.log"; exit 1; }
-note "== build: $(( $(date +%s) - start )) s"
+if [ -n "${FA_PROFILE_LIB:-}" ]; then
+  note "== no build: profiling $FA_PROFILE_LIB"
+else
+  cmake -S . -B build-profile -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="${FA_HEADDIMS:-64;128}" -DFLASHATTN_CUDA_DTYPES=bf16 \
+    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON \
+    ${FA_CMAKE_ARGS:-} >"$OUT/ncu/build.log" 2>&1 && ninja -C build-profile -j "$(nproc)" flashattn >>"$OUT/ncu/build.log" 2>&1 ||
+    { note "build FAILED"; grep -m20 -A5 error "$OUT/ncu/build.log"; exit 1; }
+  note "== build: $(( $(date +%s) - start )) s"
+fi
 
 SECTIONS=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats)
