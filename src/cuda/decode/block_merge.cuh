@@ -24,21 +24,24 @@ struct BlockStates {
 };
 
 // Writes rows r0 .. r0 + nrows - 1 of (batch row b, kv head hkv), split `split` of `splits`.
-// Needs a __syncthreads() between the state writes and this call. Row by row, each thread a
-// column of it: the merge weights once per row, and the query and head of a packed row stepped
-// on from the first row's (one 32-bit division in all: this runs on every call's critical path).
+// Needs a __syncthreads() between the state writes and this call. Warp w merges rows w, w + warps,
+// ..., lane c its columns c, c + 32, ...: a GQA-4 decode block has 4 real rows, and with the rows
+// one after another (each thread a column) their dependent chains of shared loads, exponentials and
+// sums came one after another on every call's critical path. The arithmetic of an element is the
+// same in either order.
 template <int kStates, int kRows, int kHeadDim, typename Element>
 __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kStates, kRows, kHeadDim>& states,
                                 int nrows, int64_t r0, int64_t b, int64_t hkv, float* o_partial, float* lse_partial,
                                 int rows_padded) {
-  static_assert(kRows <= 32, "thread r writes the LSE of row r");
+  constexpr int kColumnsPerLane = (kHeadDim + 31) / 32;
   const int split = blockIdx.x, splits = gridDim.x;
+  const int warps = static_cast<int>(blockDim.x / 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const int dv_count = static_cast<int>(p.head_dim_v);
   const uint32_t group = static_cast<uint32_t>(p.heads) / static_cast<uint32_t>(p.heads_kv);
-  int64_t query = static_cast<uint32_t>(r0) / group;
-  int64_t head = hkv * group + static_cast<uint32_t>(r0) % group;
-  const int64_t last_head = hkv * group + group - 1;
-  for (int r = 0; r < nrows; ++r) {
+  for (int r = warp; r < nrows; r += warps) {
+    const uint32_t packed = static_cast<uint32_t>(r0 + r);
+    const int64_t query = packed / group, head = hkv * group + packed % group;
     float max_m = -INFINITY;
 #pragma unroll
     for (int st = 0; st < kStates; ++st) max_m = fmaxf(max_m, states.m[st * kRows + r]);
@@ -49,7 +52,10 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
     if (any)
 #pragma unroll
       for (int st = 0; st < kStates; ++st) total_l += weight[st] * states.l[st * kRows + r];
-    for (int d = threadIdx.x; d < dv_count; d += blockDim.x) {
+#pragma unroll
+    for (int c = 0; c < kColumnsPerLane; ++c) {
+      const int d = lane + 32 * c;
+      if (d >= dv_count) break;
       float total_o = 0.0f;
       if (any)
 #pragma unroll
@@ -63,7 +69,7 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
       }
     }
     // LSE of the row (+inf in the output, -inf in a partial, for a row that saw no key).
-    if (threadIdx.x == static_cast<unsigned>(r)) {  // blocks have at least a warp, rows at most kRows
+    if (lane == 0) {
       const bool seen = total_l > 0.0f;
       if (splits == 1) {
         if (p.lse != nullptr)
@@ -74,9 +80,6 @@ __device__ void merge_and_store(const KvCacheParams& p, const BlockStates<kState
             seen ? max_m + __logf(total_l) : -INFINITY;
       }
     }
-    const bool wraps = head == last_head;
-    query += wraps ? 1 : 0;
-    head = wraps ? hkv * group : head + 1;
   }
 }
 
