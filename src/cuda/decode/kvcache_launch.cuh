@@ -128,7 +128,10 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
     using DeepTraits = SplitKvMmaTraits<Element, kHeadDim, true>;
     const CacheWalk walk = cache_walk(p);
-    if (plan.deep_ring && walk == CacheWalk::kContiguous) {
+    // The deep ring's 200 KiB (hdim 128) fit an H100/H200 block, not an A100's 163 KiB.
+    int smem_optin = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
+    if (plan.deep_ring && walk == CacheWalk::kContiguous && DeepTraits::smem_bytes() <= size_t(smem_optin)) {
       FA_TRY(launch_split_kv<DeepTraits>(split_kv_mma_kernel<DeepTraits, Element, CacheWalk::kContiguous>, p, plan,
                                          o_partial, lse_partial, appended, stream));
     } else {
