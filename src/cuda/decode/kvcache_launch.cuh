@@ -97,6 +97,19 @@ fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePl
 template <typename Tag, int kHeadDim>
 fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
   using Element = typename ElementOf<Tag>::type;
+  constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
+  // Refused before the append writes the cache: the split kernel's shared memory must fit a block
+  // (the mma kernel at hdim 128 needs 104 KiB, above the 99 KiB of sm_86 and sm_89).
+  constexpr size_t kSplitSmem = kKernel == DecodeKernel::kMma    ? SplitKvMmaTraits<Element, kHeadDim>::smem_bytes()
+                                : kKernel == DecodeKernel::kWarp ? SplitKvWarpTraits<Element, kHeadDim, 8>::smem_bytes()
+                                                                 : DecodeTraits<Element, kHeadDim>::smem_bytes();
+  int smem_optin = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
+  if (kSplitSmem > size_t(smem_optin))
+    return fail(FA_ERROR_UNSUPPORTED,
+                "k_cache: the decode kernel for head dim class %d needs %zu bytes of shared memory per block; device "
+                "%d allows %d",
+                kHeadDim, kSplitSmem, static_cast<int>(p.device_index), smem_optin);
   // The append kernel follows the caller's work in plain stream order; the split kernel after it,
   // and the combine after the split kernel, are launched early (launch_kernel).
   const bool appended = p.seqlen_new > 0 && p.batch > 0;
@@ -123,14 +136,11 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   char* base = static_cast<char*>(workspace);
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
-  constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Traits = SplitKvMmaTraits<Element, kHeadDim>;
     using DeepTraits = SplitKvMmaTraits<Element, kHeadDim, true>;
     const CacheWalk walk = cache_walk(p);
     // The deep ring's 200 KiB (hdim 128) fit an H100/H200 block, not an A100's 163 KiB.
-    int smem_optin = 0;
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
     if (plan.deep_ring && walk == CacheWalk::kContiguous && DeepTraits::smem_bytes() <= size_t(smem_optin)) {
       FA_TRY(launch_split_kv<DeepTraits>(split_kv_mma_kernel<DeepTraits, Element, CacheWalk::kContiguous>, p, plan,
                                          o_partial, lse_partial, appended, stream));
