@@ -11,7 +11,7 @@ reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a 
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
 launch of the decode kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again
 with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the
-default, two blocks per SM on paged caches); ours_shallow_ms: ours again with FLASHATTN_DECODE_DEEP_RING=0
+default, two blocks per SM on paged caches); ours_shallow_ms: ours again with FLASHATTN_DECODE_RING=standard
 (the two-blocks-per-SM ring also where the grid has at most one block per SM).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
@@ -188,7 +188,7 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
     with plain_stream_order():
         row["ours_plain_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    with environment("FLASHATTN_DECODE_DEEP_RING", "0"):
+    with environment("FLASHATTN_DECODE_RING", "standard"):
         row["ours_shallow_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     if reference is not None:  # another build of the library on the same caches, right after ours
         row["ref_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])

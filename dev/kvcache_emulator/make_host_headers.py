@@ -41,10 +41,11 @@ def write_host(text, name):
     open(f"{out}/{name}", "w").write(text)
 
 
-# kvcache_kernel.cuh takes its two constants from kvcache_launch.hpp, which needs the CUDA runtime.
+# kvcache_kernel.cuh takes its constants (and split_kv_mma.cuh the Ring enum) from kvcache_launch.hpp, which
+# needs the CUDA runtime.
 kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
                 "namespace flashattn::cuda::decode { constexpr int kKeysPerTile = 64; constexpr int kMaxSplits = 128; "
-                "constexpr int kMaxHeadDimV = 256; }\n")
+                "constexpr int kMaxHeadDimV = 256; enum class Ring { kCompact, kStandard, kDeep }; }\n")
 write_host(kk, "kvcache_kernel_host.hpp")
 for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
                      ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):

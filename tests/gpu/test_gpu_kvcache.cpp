@@ -124,14 +124,15 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
     expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
 }
 
-// The deep ring (grids of at most one block per SM on a contiguous cache) changes how many slabs
-// are in flight, not the order of the arithmetic: every contiguous case, and each with 4 splits,
-// gives the same bytes of out, lse and the appended cache with FLASHATTN_DECODE_DEEP_RING=0.
-TEST(GpuKvCacheRing, DeepAndShallowRingsAgreeBitwise) {
+// The ring's depth (deep: grids of at most one block per SM on a contiguous cache; compact: the one
+// for sm_86/sm_89 at hdim 128) changes how many slabs are in flight, not the order of the
+// arithmetic: every case, and each with 4 splits, gives the same bytes of out, lse and the appended
+// cache with FLASHATTN_DECODE_RING=standard and =compact as by default.
+TEST(GpuKvCacheRing, RingsAgreeBitwise) {
   FA_GPU_TEST_OR_SKIP();
   int compared = 0;
   for (const KvCase& shared : as_gpu(kvcache_cases())) {
-    if (shared.page_size != 0 || shared.slow) continue;
+    if (shared.slow) continue;
     for (int32_t splits : {shared.num_splits, 4}) {
       SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits));
       KvCase c = shared;
@@ -141,20 +142,23 @@ TEST(GpuKvCacheRing, DeepAndShallowRingsAgreeBitwise) {
       run_on_device(p);
       if (HasFatalFailure()) return;
       const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-      KvProblem shallow = make_kv_problem(c);
-      shallow.poison_outputs();
-      {
-        const ScopedEnv ring("FLASHATTN_DECODE_DEEP_RING", "0");
-        run_on_device(shallow);
+      for (const char* ring : {"standard", "compact"}) {
+        SCOPED_TRACE(ring);
+        KvProblem other = make_kv_problem(c);
+        other.poison_outputs();
+        {
+          const ScopedEnv deepest("FLASHATTN_DECODE_RING", ring);
+          run_on_device(other);
+        }
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(other.out.bytes() == out);
+        EXPECT_TRUE(other.lse.bytes() == lse);
+        EXPECT_TRUE(other.k_cache.bytes() == k_cache);
+        ++compared;
       }
-      if (HasFatalFailure()) return;
-      EXPECT_TRUE(shallow.out.bytes() == out);
-      EXPECT_TRUE(shallow.lse.bytes() == lse);
-      EXPECT_TRUE(shallow.k_cache.bytes() == k_cache);
-      ++compared;
     }
   }
-  EXPECT_GT(compared, 0) << "no contiguous case in the shared list";
+  EXPECT_GT(compared, 0) << "no case in the shared list";
 }
 
 // Three consecutive calls captured in a CUDA graph replay to the bytes of one eager call, and so

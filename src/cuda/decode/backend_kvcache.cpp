@@ -85,9 +85,8 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
   // A grid of at most one block per SM leaves each SM the shared memory of a second block, which
-  // the deep ring's instance spends on more slabs in flight (contiguous caches only).
-  plan->deep_ring = kernel == decode::DecodeKernel::kMma && !p.paged && decode::deep_ring_allowed() &&
-                    blocks * plan->splits <= sm_count;
+  // the deep ring's instance spends on more slabs in flight (contiguous caches, run_kvcache).
+  plan->one_block_per_sm = blocks * plan->splits <= sm_count;
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);

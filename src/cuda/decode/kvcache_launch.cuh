@@ -94,13 +94,24 @@ fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePl
                        plan.rows_padded);
 }
 
+// The mma kernel's instance for the cache's walk (cache_walk.hpp).
+template <class Traits, typename Element>
+fa_status launch_mma_walk(CacheWalk walk, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
+                          float* lse_partial, bool early, cudaStream_t stream) {
+  auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
+                : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
+                                                : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
+  return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, early, stream);
+}
+
 template <typename Tag, int kHeadDim>
 fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* workspace, cudaStream_t stream) {
   using Element = typename ElementOf<Tag>::type;
   constexpr DecodeKernel kKernel = decode_kernel(FLASHATTN_CUDA_DECODE_KERNEL, kHeadDim);
   // Refused before the append writes the cache: the split kernel's shared memory must fit a block
-  // (the mma kernel at hdim 128 needs 104 KiB, above the 99 KiB of sm_86 and sm_89).
-  constexpr size_t kSplitSmem = kKernel == DecodeKernel::kMma    ? SplitKvMmaTraits<Element, kHeadDim>::smem_bytes()
+  // (the mma kernel's compact ring needs 72 KiB at hdim 128, the tile kernel 155 KiB at 256).
+  constexpr size_t kSplitSmem = kKernel == DecodeKernel::kMma
+                                    ? SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>::smem_bytes()
                                 : kKernel == DecodeKernel::kWarp ? SplitKvWarpTraits<Element, kHeadDim, 8>::smem_bytes()
                                                                  : DecodeTraits<Element, kHeadDim>::smem_bytes();
   int smem_optin = 0;
@@ -137,18 +148,21 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
-    using Traits = SplitKvMmaTraits<Element, kHeadDim>;
-    using DeepTraits = SplitKvMmaTraits<Element, kHeadDim, true>;
+    using Deep = SplitKvMmaTraits<Element, kHeadDim, Ring::kDeep>;
+    using Standard = SplitKvMmaTraits<Element, kHeadDim, Ring::kStandard>;
+    using Compact = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
     const CacheWalk walk = cache_walk(p);
-    // The deep ring's 200 KiB (hdim 128) fit an H100/H200 block, not an A100's 163 KiB.
-    if (plan.deep_ring && walk == CacheWalk::kContiguous && DeepTraits::smem_bytes() <= size_t(smem_optin)) {
-      FA_TRY(launch_split_kv<DeepTraits>(split_kv_mma_kernel<DeepTraits, Element, CacheWalk::kContiguous>, p, plan,
-                                         o_partial, lse_partial, appended, stream));
+    const Ring allowed = deepest_ring_allowed();
+    // hdim 128: the deep ring's 200 KiB fit an H100/H200 block, not an A100's 163 KiB; the standard
+    // ring's 104 KiB not an sm_86/sm_89 block's 99 KiB.
+    if (allowed == Ring::kDeep && plan.one_block_per_sm && walk == CacheWalk::kContiguous &&
+        Deep::smem_bytes() <= size_t(smem_optin)) {
+      FA_TRY(launch_split_kv<Deep>(split_kv_mma_kernel<Deep, Element, CacheWalk::kContiguous>, p, plan, o_partial,
+                                   lse_partial, appended, stream));
+    } else if (allowed != Ring::kCompact && Standard::smem_bytes() <= size_t(smem_optin)) {
+      FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
     } else {
-      auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
-                    : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
-                                                    : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
-      FA_TRY(launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, appended, stream));
+      FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
     }
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;

@@ -75,10 +75,19 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
   return forced > 0 ? forced : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
-// FLASHATTN_DECODE_DEEP_RING=0: never the deep-ring instance (an A/B in one process); read per call.
-inline bool deep_ring_allowed() {
-  const char* value = std::getenv("FLASHATTN_DECODE_DEEP_RING");
-  return value == nullptr || std::strcmp(value, "0") != 0;
+// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kDeep where
+// the plan has at most one block per SM on a contiguous cache and the device's shared memory per
+// block holds it, else kStandard where it fits, else kCompact.
+enum class Ring { kCompact, kStandard, kDeep };
+
+// FLASHATTN_DECODE_RING=standard or compact: the deepest ring allowed (an A/B in one process, and a
+// way to run the compact instance on a GPU that fits more); read per call. Unset or other: kDeep.
+inline Ring deepest_ring_allowed() {
+  const char* value = std::getenv("FLASHATTN_DECODE_RING");
+  if (value == nullptr) return Ring::kDeep;
+  return std::strcmp(value, "standard") == 0 ? Ring::kStandard
+         : std::strcmp(value, "compact") == 0 ? Ring::kCompact
+                                              : Ring::kDeep;
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
@@ -87,7 +96,7 @@ struct KvCachePlan {
   int splits = 1;
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
-  bool deep_ring = false;  // the mma kernel's one-block-per-SM instance (SplitKvMmaTraits::kDeepRing)
+  bool one_block_per_sm = false;  // the grid fits one wave of one block per SM (the deep ring may run)
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 
