@@ -418,6 +418,19 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
   const int64_t base = bh * rows_padded + r;
   const float own_lse = tid < splits ? lse_partial[tid * stride + base] : -INFINITY;
+  // The first kEarlySplits partials of this warp's first four dims, loaded with the LSE: they need
+  // no weight to be read, and waiting for the LSE's reductions first put a second round trip to L2
+  // on the call's critical path (at B = 1 a split count of 16 is 4 per warp: all of them).
+  constexpr int kEarlySplits = 8;
+  const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
+  const float* partial = o_partial + base * dv;
+  float4 early[kEarlySplits];
+#pragma unroll
+  for (int k = 0; k < kEarlySplits; ++k) {
+    const int s = warp + k * kCombineWarps;
+    early[k] = s < splits && 4 * lane < dv ? *reinterpret_cast<const float4*>(partial + s * stride * dv + 4 * lane)
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   float lse_max = warp_max(own_lse);
   if (lane == 0) partial_max[warp] = lse_max;
   __syncthreads();
@@ -432,20 +445,26 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const float lse = lse_max == -INFINITY ? INFINITY : lse_max + __logf(total);
   if (tid < splits) weights[tid] = lse == INFINITY ? 0.0f : __expf(own_lse - lse);
   __syncthreads();
-  const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
-  const float* partial = o_partial + base * dv;
   for (int d = 4 * lane; d < dv; d += 128) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = warp; s < splits; s += kCombineWarps) {
+    // A split that saw no key has weight 0 and a zero partial: no 0 * inf. The splits in the
+    // order s = warp, warp + kCombineWarps, ... (the early ones first): the same bits every call.
+    auto add = [&](int s, const float4& value) {
       const float weight = weights[s];
-      const float4 value = *reinterpret_cast<const float4*>(partial + s * stride * dv + d);
-      // A split that saw no key has weight 0 and a zero partial: no 0 * inf.
       acc.x += weight * value.x;
       acc.y += weight * value.y;
       acc.z += weight * value.z;
       acc.w += weight * value.w;
+    };
+#pragma unroll
+    for (int k = 0; k < kEarlySplits; ++k) {
+      const int s = warp + k * kCombineWarps;
+      if (s >= splits) break;
+      add(s, d < 128 ? early[k] : *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
     }
+#pragma unroll 8
+    for (int s = warp + kEarlySplits * kCombineWarps; s < splits; s += kCombineWarps)
+      add(s, *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
     warp_sums[warp][d / 4] = acc;
   }
   __syncthreads();
