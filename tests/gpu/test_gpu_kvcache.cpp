@@ -127,7 +127,7 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
 // The ring's depth (deep: grids of at most one block per SM on a contiguous cache; compact: the one
 // for sm_86/sm_89 at hdim 128) changes how many slabs are in flight, not the order of the
 // arithmetic: every case, and each with 4 splits, gives the same bytes of out, lse and the appended
-// cache with FLASHATTN_DECODE_RING=standard and =compact as by default.
+// cache with FLASHATTN_DECODE_RING=deep and =compact as by default (standard).
 TEST(GpuKvCacheRing, RingsAgreeBitwise) {
   FA_GPU_TEST_OR_SKIP();
   int compared = 0;
@@ -142,7 +142,7 @@ TEST(GpuKvCacheRing, RingsAgreeBitwise) {
       run_on_device(p);
       if (HasFatalFailure()) return;
       const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-      for (const char* ring : {"standard", "compact"}) {
+      for (const char* ring : {"deep", "compact"}) {
         SCOPED_TRACE(ring);
         KvProblem other = make_kv_problem(c);
         other.poison_outputs();

@@ -76,18 +76,20 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
 }
 
 // The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kDeep where
-// the plan has at most one block per SM on a contiguous cache and the device's shared memory per
-// block holds it, else kStandard where it fits, else kCompact.
+// allowed, the plan has at most one block per SM on a contiguous cache and the device's shared
+// memory per block holds it, else kStandard where it fits, else kCompact.
 enum class Ring { kCompact, kStandard, kDeep };
 
-// FLASHATTN_DECODE_RING=standard or compact: the deepest ring allowed (an A/B in one process, and a
-// way to run the compact instance on a GPU that fits more); read per call. Unset or other: kDeep.
+// FLASHATTN_DECODE_RING=deep, standard or compact: the deepest ring allowed, read per call. Unset or
+// other: kStandard. The deep ring is opt-in until a GPU run has timed it against the standard one
+// (dev/kvcache_decode.md v15; bench_decode.py's ours_deep_ms); compact runs the sm_86/sm_89
+// instance on a GPU that fits more.
 inline Ring deepest_ring_allowed() {
   const char* value = std::getenv("FLASHATTN_DECODE_RING");
-  if (value == nullptr) return Ring::kDeep;
-  return std::strcmp(value, "standard") == 0 ? Ring::kStandard
+  if (value == nullptr) return Ring::kStandard;
+  return std::strcmp(value, "deep") == 0      ? Ring::kDeep
          : std::strcmp(value, "compact") == 0 ? Ring::kCompact
-                                              : Ring::kDeep;
+                                              : Ring::kStandard;
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
