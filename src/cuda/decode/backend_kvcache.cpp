@@ -78,6 +78,8 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   const int64_t max_by_keys = std::max<int64_t>(1, (p.capacity + decode::kKeysPerTile - 1) / decode::kKeysPerTile);
   int sm_count = 0;
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
+  FA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&plan->smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
   if (p.num_splits > 0) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/decode/kvcache_kernel.cuh"
@@ -114,13 +115,12 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
                                     ? SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>::smem_bytes()
                                 : kKernel == DecodeKernel::kWarp ? SplitKvWarpTraits<Element, kHeadDim, 8>::smem_bytes()
                                                                  : DecodeTraits<Element, kHeadDim>::smem_bytes();
-  int smem_optin = 0;
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
-  if (kSplitSmem > size_t(smem_optin))
+  const size_t smem_per_block = static_cast<size_t>(plan.smem_per_block);
+  if (kSplitSmem > smem_per_block)
     return fail(FA_ERROR_UNSUPPORTED,
                 "k_cache: the decode kernel for head dim class %d needs %zu bytes of shared memory per block; device "
-                "%d allows %d",
-                kHeadDim, kSplitSmem, static_cast<int>(p.device_index), smem_optin);
+                "%d allows %zu",
+                kHeadDim, kSplitSmem, static_cast<int>(p.device_index), smem_per_block);
   // The append kernel follows the caller's work in plain stream order; the split kernel after it,
   // and the combine after the split kernel, are launched early (launch_kernel).
   const bool appended = p.seqlen_new > 0 && p.batch > 0;
@@ -150,16 +150,18 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Deep = SplitKvMmaTraits<Element, kHeadDim, Ring::kDeep>;
     using Standard = SplitKvMmaTraits<Element, kHeadDim, Ring::kStandard>;
-    using Compact = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
+    // At hdim 64 the compact ring has the standard one's stages: no second copy of its kernels.
+    using CompactTraits = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
+    using Compact = std::conditional_t<CompactTraits::kStages == Standard::kStages, Standard, CompactTraits>;
     const CacheWalk walk = cache_walk(p);
     const Ring allowed = deepest_ring_allowed();
     // hdim 128: the deep ring's 200 KiB fit an H100/H200 block, not an A100's 163 KiB; the standard
     // ring's 104 KiB not an sm_86/sm_89 block's 99 KiB.
     if (allowed == Ring::kDeep && plan.one_block_per_sm && walk == CacheWalk::kContiguous &&
-        Deep::smem_bytes() <= size_t(smem_optin)) {
+        Deep::smem_bytes() <= smem_per_block) {
       FA_TRY(launch_split_kv<Deep>(split_kv_mma_kernel<Deep, Element, CacheWalk::kContiguous>, p, plan, o_partial,
                                    lse_partial, appended, stream));
-    } else if (allowed != Ring::kCompact && Standard::smem_bytes() <= size_t(smem_optin)) {
+    } else if (allowed != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
       FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
     } else {
       FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));

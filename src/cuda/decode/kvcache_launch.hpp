@@ -99,6 +99,7 @@ struct KvCachePlan {
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
   bool one_block_per_sm = false;  // the grid fits one wave of one block per SM (the deep ring may run)
+  int smem_per_block = 0;         // the device's opt-in shared memory per block (which ring fits)
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 
