@@ -135,7 +135,7 @@ struct BlockSchedule {
 };
 
 // A element (i, l) at a[i * a_row + l * a_col] -> dst planes (m16, k32).
-template <int kPieces>
+template <int kPieces, Split kSplit = Split::kRound>
 void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, uint16_t* dst_rows) {
   const int64_t plane = static_cast<int64_t>(m16) * k32;
   if (a_col == 1) {
@@ -144,8 +144,8 @@ void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16,
       const float* src = a + i * a_row;
       for (int l = 0; l < k32; l += 32) {
         __m512 lo[kPieces], hi[kPieces];
-        split_pieces<kPieces>(load_or_zero(src + l, i < m, lanes_mask(k - l)), lo);
-        split_pieces<kPieces>(load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16)), hi);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(src + l, i < m, lanes_mask(k - l)), lo);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(src + l + 16, i < m, lanes_mask(k - l - 16)), hi);
         for (int piece = 0; piece < kPieces; ++piece)
           _mm512_storeu_si512(dst + piece * plane + l / 32 * 512,
                               reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi[piece], lo[piece])));
@@ -163,8 +163,8 @@ void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16,
       for (int t = 0; t < 16; ++t) {
         const int l = 2 * (t0 + t);
         __m512 r0[kPieces], r1[kPieces];
-        split_pieces<kPieces>(load_or_zero(a + l * a_col + i0 * a_row, l < k, mask), r0);
-        split_pieces<kPieces>(load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask), r1);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(a + l * a_col + i0 * a_row, l < k, mask), r0);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(a + (l + 1) * a_col + i0 * a_row, l + 1 < k, mask), r1);
         for (int piece = 0; piece < kPieces; ++piece) block[piece][t] = pair_rows(r0[piece], r1[piece]);
       }
       for (int piece = 0; piece < kPieces; ++piece) {
@@ -179,7 +179,7 @@ void pack_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16,
 
 // B (k, n) row-major -> dst planes (k32 / 2, n16) of pairs; column tile
 // j / 16 starts at j * k32 / 2.
-template <int kPieces>
+template <int kPieces, Split kSplit = Split::kRound>
 void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_t* dst_rows) {
   const int64_t plane = static_cast<int64_t>(n16) * (k32 / 2);
   // One tile (16 pair rows, 16 columns) at a time: its KiB is written in
@@ -191,8 +191,8 @@ void pack_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, uint32_
       for (int t = t0; t < t0 + 16; ++t) {
         const int l = 2 * t;
         __m512 r0[kPieces], r1[kPieces];
-        split_pieces<kPieces>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
-        split_pieces<kPieces>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(b + l * ldb + j, l < k, mask), r0);
+        split_pieces_as<kPieces, kSplit>(load_or_zero(b + (l + 1) * ldb + j, l + 1 < k, mask), r1);
         for (int piece = 0; piece < kPieces; ++piece)
           _mm512_storeu_si512(dst + piece * plane + (t - t0) * 16, pair_rows(r0[piece], r1[piece]));
       }

@@ -518,21 +518,11 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     return nullptr;
   }
 
-  // The same, packed here where it is not packed already.
-  const uint16_t* packed_a(int m, int k, const float* a, int64_t a_row, int64_t a_col, int m16, int k32, int& row_length,
-                           int64_t& plane) {
-    if (const uint16_t* found = find_packed_a(m, k, a, a_row, a_col, row_length, plane)) return found;
-    pack_a<kPieces>(m, k, a, a_row, a_col, m16, k32, a_packed);
-    row_length = k32;
-    plane = int64_t{m16} * k32;
-    return a_packed;
-  }
-
   // The packed B operand, its column tile stride (uint32) and its plane size: a
   // pinned operand, or a column window of one that starts on a 16-column
-  // tile, is used as packed.
-  const uint32_t* packed_b(int k, int n, const float* b, int64_t ldb, int k32, int n16, int64_t& col_stride,
-                           int64_t& plane) {
+  // tile, is used as packed; null where b is not packed.
+  const uint32_t* find_packed_b(int k, int n, const float* b, int64_t ldb, int k32, int64_t& col_stride,
+                                int64_t& plane) {
     // Rows of a shared operand: whole rows from an even one (a multiple of
     // 16) within one chunk.
     for (const SharedOperand& op : shared) {
@@ -552,21 +542,36 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
       plane = round_up(pin.n, 16) * int64_t{k32 / 2};
       return pin.packed + offset * (k32 / 2);
     }
-    pack_b<kPieces>(k, n, b, ldb, k32, n16, b_packed);
-    col_stride = int64_t{k32} * 8;
-    plane = static_cast<int64_t>(n16) * (k32 / 2);
-    return b_packed;
+    return nullptr;
   }
 
   void gemm(int m, int n, int k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
             float* c, int64_t ldc, bool accumulate) {
     if (m <= 0 || n <= 0) return;
     const int m16 = round_up(m, 16), n16 = round_up(n, 16), k32 = round_up(std::max(k, 1), 32);
-    int a_row_length = 0;
-    int64_t a_plane = 0;
-    const uint16_t* a_pieces = packed_a(m, k, a, a_row, a_col, m16, k32, a_row_length, a_plane);
-    int64_t b_col_stride = 0, b_plane = 0;
-    const uint32_t* b_pairs = packed_b(k, n, b, ldb, k32, n16, b_col_stride, b_plane);
+    int a_row_length = k32;
+    int64_t a_plane = int64_t{m16} * k32;
+    const uint16_t* a_pieces = find_packed_a(m, k, a, a_row, a_col, a_row_length, a_plane);
+    int64_t b_col_stride = int64_t{k32} * 8, b_plane = int64_t{n16} * (k32 / 2);
+    const uint32_t* b_pairs = find_packed_b(k, n, b, ldb, k32, b_col_stride, b_plane);
+    // An operand packed here against one packed before (pinned or shared,
+    // split by rounding) is split by truncation, which keeps each product to
+    // 2^-23 (split_pieces_as): in the passes that is P or dS against an input.
+    // Two operands packed here are both rounded.
+    if (a_pieces == nullptr) {
+      if (b_pairs != nullptr)
+        pack_a<kPieces, Split::kTruncate>(m, k, a, a_row, a_col, m16, k32, a_packed);
+      else
+        pack_a<kPieces>(m, k, a, a_row, a_col, m16, k32, a_packed);
+      a_pieces = a_packed;
+    }
+    if (b_pairs == nullptr) {
+      if (a_pieces != a_packed)
+        pack_b<kPieces, Split::kTruncate>(k, n, b, ldb, k32, n16, b_packed);
+      else
+        pack_b<kPieces>(k, n, b, ldb, k32, n16, b_packed);
+      b_pairs = b_packed;
+    }
     // Tiles write whole 16 x 16 blocks: straight into C when they fit its
     // rows and columns, else through the staging tile. Padded staging
     // elements hold stale values; each output element depends only on its
