@@ -77,6 +77,37 @@ TEST(ManyGroups, BitwiseAcrossThreadCountsAndMatchesReference) {
   }
 }
 
+// A few queries against 4,096 keys at D = 128: one kv head's rows fill the
+// forward's staging budget, so one thread stages a head per step while 7 and
+// 16 threads stage 3 and 4 to have Q tiles for every thread
+// (fwd_heads_per_step, src/cpu/scratch.hpp). The steps change, the bits may not.
+TEST(WideForwardSteps, BitwiseAcrossThreadCountsAndMatchesReference) {
+  Case c;
+  c.name = "bf16_b1h8kv4_q40k4096_d128_causalBR";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 1;
+  c.H = 8;
+  c.Hkv = 4;
+  c.Sq = 40;
+  c.Sk = 4096;
+  c.D = c.Dv = 128;
+  c.causal = true;
+  Problem p = make_problem(c);
+  p.poison_outputs();
+  fa_fwd_args args = p.fwd_args();
+  args.opts.num_threads = 1;
+  ASSERT_EQ(fa_fwd(&args, nullptr, 0), FA_OK) << fa_last_error();
+  expect_forward_matches_reference(p);
+  const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes();
+  for (int32_t threads : {7, 16}) {
+    p.poison_outputs();
+    args.opts.num_threads = threads;
+    ASSERT_EQ(fa_fwd(&args, nullptr, 0), FA_OK) << fa_last_error();
+    EXPECT_TRUE(p.out.bytes() == out) << "O differs with " << threads << " threads";
+    EXPECT_TRUE(p.lse.bytes() == lse) << "LSE differs with " << threads << " threads";
+  }
+}
+
 // The library default thread count (num_threads = 0) follows fa_set_default_num_threads and gives the same bits.
 TEST(DefaultThreads, DefaultCountGivesSameBits) {
   Problem p = make_problem(determinism_cases()[0]);

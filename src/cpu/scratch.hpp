@@ -245,13 +245,30 @@ inline size_t fwd_thread_bytes(const AttnParams& p) {
   return arena.used();
 }
 
-// The forward stages several kv heads per step when their rows are small:
-// as many as fit kStageBudget (at least one), so that small problems pay
-// one barrier per few heads. 4 MiB: 8 heads of 1024 keys at D = Dv = 64.
+// The forward stages several kv heads per step (at least one):
+// - as many as fit kStageBudget, so that small problems pay one barrier per
+//   few heads (4 MiB: 8 heads of 1024 keys at D = Dv = 64);
+// - with many threads, enough for kItemsPerThread Q tiles per thread, within
+//   kStageBudgetPerThread per thread. A step's items end at the next step's
+//   barrier, so a step of about one item per thread lasts as long as its
+//   longest: 16 threads on the 16 causal Q tiles of one 4k head are busy 136
+//   of 256 tile-times (53 %). With four per thread, longest first, the last
+//   items to start are the shortest. The memory stays O(threads * kBlockM *
+//   (D + Dv)) where the Q tiles are few per head (short sequences) and is
+//   capped by the per-thread budget where they are not (a few queries
+//   against a long cache).
+// Which thread takes an item never changes its bits, so neither does the count.
 constexpr int64_t kStageBudget = int64_t{4} << 20;
+constexpr int64_t kItemsPerThread = 4;
+constexpr int64_t kStageBudgetPerThread = int64_t{2} << 20;
 inline int64_t fwd_heads_per_step(const AttnParams& p) {
   const int64_t head_bytes = std::max<int64_t>(p.seqlen_k * (p.head_dim + p.head_dim_v) * 4, 1);
-  return std::clamp<int64_t>(kStageBudget / head_bytes, 1, p.heads_kv);
+  const int64_t threads = std::max<int64_t>(p.num_threads, 1);
+  const int64_t items_per_head =
+      std::max<int64_t>(p.heads / std::max<int64_t>(p.heads_kv, 1) * ((p.seqlen_q + kBlockM - 1) / kBlockM), 1);
+  const int64_t for_items = std::min((kItemsPerThread * threads + items_per_head - 1) / items_per_head,
+                                     threads * kStageBudgetPerThread / head_bytes);
+  return std::clamp<int64_t>(std::max(kStageBudget / head_bytes, for_items), 1, p.heads_kv);
 }
 
 // Staged rows of fwd_heads_per_step kv heads; head i's at k + i * k_head,
