@@ -1,6 +1,8 @@
 // The AMX kernel sets for bf16 and fp32 tensors: the AVX-512 kernels with a
 // gemm that runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 * 32x16
-// bf16); for fp32 on operands split into three bf16 pieces (AmxKernels<3>).
+// bf16); for fp32 on operands split into three bf16 pieces (AmxKernels<3>),
+// by rounding, or by truncation where the product's other operand was split
+// by rounding (amx_pieces.hpp, split_pieces_as).
 //
 // The algorithm hands gemm fp32 tiles; gemm converts its operands to bf16
 // (round to nearest even) into the packed layouts AMX reads and accumulates
@@ -201,7 +203,7 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
   static void pack_probability_pair(__m512 p0, __m512 p1, uint32_t* pair_row, int64_t plane, __m512& total) {
     total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
     if constexpr (kPieces == 3) {
-      pack_truncated_pieces(p0, p1, pair_row, plane);
+      store_truncated_pairs(p0, p1, pair_row, plane);
       return;
     }
     __m512 pieces0[kPieces], pieces1[kPieces];
@@ -209,28 +211,6 @@ struct AmxKernels : Avx512KernelSet<kPieces == 1 ? 4 : 6> {
     split_pieces<kPieces>(p1, pieces1);
     for (int piece = 0; piece < kPieces; ++piece)
       _mm512_storeu_si512(pair_row + piece * plane, pair_rows(pieces0[piece], pieces1[piece]));
-  }
-
-  // fp32 probabilities (p >= 0) split by truncation: piece 0 is the top 16
-  // bits of p's word (sign, exponent, 7 mantissa bits: a bf16 as it stands),
-  // piece 1 the same of the exact rest p - piece 0, piece 2 the exact rest
-  // of that, whose at most 8 significant bits fit a bf16. Each piece is at
-  // most 2^-7 of the one before (2^-8 for Veltkamp's rounding), so the two
-  // dropped piece products that involve P stay below 2^-23 of P V's terms.
-  // A bf16 piece is then its word's upper half: a key pair's words are
-  // (piece0 >> 16) | (piece1 & 0xFFFF0000), with no conversion and no word
-  // permutation (pair_rows). 14 vector operations a pair against 26.
-  static void pack_truncated_pieces(__m512 p0, __m512 p1, uint32_t* pair_row, int64_t plane) {
-    const __m512i upper = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    __m512i rest0 = _mm512_castps_si512(p0), rest1 = _mm512_castps_si512(p1);
-    for (int piece = 0; piece < 3; ++piece) {
-      const __m512i head0 = piece == 2 ? rest0 : _mm512_and_si512(rest0, upper);
-      const __m512i head1 = piece == 2 ? rest1 : _mm512_and_si512(rest1, upper);
-      _mm512_storeu_si512(pair_row + piece * plane, _mm512_or_si512(_mm512_srli_epi32(head0, 16), head1));
-      if (piece == 2) break;
-      rest0 = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(rest0), _mm512_castsi512_ps(head0)));
-      rest1 = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(rest1), _mm512_castsi512_ps(head1)));
-    }
   }
 
   // With a pin slot, P^T is packed as pack_b would pack it (pairs of rows,
