@@ -18,6 +18,14 @@
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 
+// GCC 12's intrinsic headers seed results with `__m512 __Y = __Y;` and then
+// warn about it where they are inlined; the warnings say nothing about this file.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// The chunk's two products in intrinsics (kvcache_chunk_avx512.hpp).
+#define FLASHATTN_KVCACHE_AVX512 1
 #include "cpu/kvcache_impl.hpp"
 
 namespace flashattn {
@@ -27,3 +35,5 @@ fa_status fwd_kvcache_avx512(const KvCacheParams& params, void* workspace) { ret
 
 }  // namespace cpu
 }  // namespace flashattn
+
+#pragma GCC diagnostic pop
