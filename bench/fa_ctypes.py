@@ -64,6 +64,16 @@ class FaBwdArgs(ctypes.Structure):
     ]
 
 
+class FaKvcacheArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", FaTensor), ("k_cache", FaTensor), ("v_cache", FaTensor), ("k_new", FaTensor), ("v_new", FaTensor),
+        ("cache_seqlens", FaTensor), ("cache_batch_idx", FaTensor), ("cache_leftpad", FaTensor),
+        ("block_table", FaTensor), ("rotary_cos", FaTensor), ("rotary_sin", FaTensor),
+        ("rotary_interleaved", ctypes.c_int32), ("alibi_slopes", FaTensor), ("out", FaTensor), ("lse", FaTensor),
+        ("num_splits", ctypes.c_int32), ("opts", FaOptions),
+    ]
+
+
 def _default_library():
     here = os.path.dirname(os.path.abspath(__file__))
     return os.environ.get("FLASHATTN_LIB", os.path.join(here, "..", "build", "libflashattn.so"))
@@ -82,6 +92,9 @@ class FlashAttn:
             size_fn = getattr(lib, name + "_workspace_size")
             size_fn.argtypes = [ctypes.POINTER(args_type), ctypes.POINTER(ctypes.c_size_t)]
             size_fn.restype = ctypes.c_int
+        lib.fa_kvcache_args_init.argtypes = [ctypes.POINTER(FaKvcacheArgs)]
+        lib.fa_fwd_kvcache.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.c_void_p, ctypes.c_size_t]
+        lib.fa_fwd_kvcache.restype = ctypes.c_int
         lib.fa_last_error.restype = ctypes.c_char_p
         lib.fa_has_cuda.restype = ctypes.c_int32
 
@@ -153,3 +166,17 @@ class FlashAttn:
         ptr = workspace.data_ptr() if workspace is not None and workspace.numel() > 0 else None
         nbytes = workspace.numel() if workspace is not None else 0
         self._check(self.lib.fa_bwd(ctypes.byref(args), ptr, nbytes), "fa_bwd")
+
+    def kvcache_args(self, q, k_cache, v_cache, out, cache_seqlens=None, block_table=None, causal=False,
+                     num_splits=0, num_threads=0):
+        """Decode or chunked prefill against a cache (no append, no rotary)."""
+        args = FaKvcacheArgs()
+        self.lib.fa_kvcache_args_init(ctypes.byref(args))
+        args.q, args.k_cache, args.v_cache, args.out = (self.tensor(t) for t in (q, k_cache, v_cache, out))
+        args.cache_seqlens, args.block_table = self.tensor(cache_seqlens), self.tensor(block_table)
+        args.num_splits = num_splits
+        self._options(args.opts, q.is_cuda, causal, False, 0.0, 0.0, 0, num_threads)
+        return args
+
+    def fwd_kvcache(self, args):
+        self._check(self.lib.fa_fwd_kvcache(ctypes.byref(args), None, 0), "fa_fwd_kvcache")

@@ -2,22 +2,24 @@
 // split-KV attention with the query heads of one KV head packed together.
 // Compiled three times: for the baseline ISA (kvcache.cpp), for AVX2
 // (kvcache_avx2.cpp) and for AVX-512 (kvcache_avx512.cpp), chosen at run
-// time; the loops are written so that the compiler vectorizes them
-// (contiguous innermost, no calls, no branches).
+// time. The loops are written so that the compiler vectorizes them
+// (contiguous innermost, no calls, no branches); the AVX-512 build takes the
+// chunk's two products from kvcache_chunk_avx512.hpp.
 //
 // Phase 1 writes k_new (rotated) and v_new into the cache at cache_seqlens.
-// Phase 2 runs work items (batch row, kv head, row block, split): the rows of
-// an item are (query i, head g of the group) pairs, r = i * G + g, so every
-// K/V row gathered from the (possibly paged) cache serves G query heads and
-// Sq queries at once: decode reads each cache byte once per call. Per chunk of
-// kKeyChunk keys the item converts K and V ((keys, D), (keys, Dv)) to fp32,
-// forms the scores of all its rows (vectorized dot products), and updates the
-// online softmax in log2 units (a call-free exp2 that vectorizes). With one
-// split the item writes out and lse directly, with several it writes O / l and
-// its LSE and phase 3 merges the splits exactly:
+// Phase 2 runs work items (batch row, group of kv heads, row block, split):
+// the rows of a kv head are (query i, head g of its group) pairs, r = i * G +
+// g, so every K/V row gathered from the (possibly paged) cache serves G query
+// heads and Sq queries at once: decode reads each cache byte once per call.
+// Per chunk of kKeyChunk keys and kv head the item converts K and V ((keys,
+// D), (keys, Dv)) to fp32, forms the scores of the head's rows, and updates
+// the online softmax in log2 units (a call-free exp2 that vectorizes). With
+// one split the item writes out and lse directly, with several it writes O / l
+// and its LSE and phase 3 merges the splits exactly:
 //   lse = log sum_s exp(lse_s),  O = sum_s exp(lse_s - lse) O_s.
-// Splits fill the team when B * Hkv is below the thread count (decode of one
-// sequence); num_splits > 0 forces a count (tests compare counts).
+// Splits fill the team when the items without splits are fewer than the
+// threads (decode of one sequence); num_splits > 0 forces a count (tests
+// compare counts).
 #pragma once
 
 #include <omp.h>
@@ -158,24 +160,43 @@ void append_new_rows(const KvCacheParams& p) {
   }
 }
 
+// Work items: (batch row, group of kv heads, row block, split). A group is
+// heads_per_item kv heads walked together, key chunk by key chunk. At one
+// cache position their rows lie side by side (Hkv * D elements, in (B, S,
+// Hkv, D) storage), so the group reads a chunk's positions as a whole where
+// one head alone reads 256 bytes in each 2 KiB (Hkv = 8, D = 128): this
+// machine reads the first pattern at 32 GB/s and the second at 14 (2 threads,
+// 537 MB). Groups of several heads are taken where all their packed rows fit
+// one block (decode: G * Sq rows a head), up to kGroupChunkBytes of cache a
+// chunk.
+constexpr int64_t kGroupChunkBytes = int64_t{256} << 10;
+
 struct Plan {
-  int64_t rows = 0;         // R = Sq * G packed rows per (b, kv head)
-  int64_t row_blocks = 0;   // ceil(R / kRowBlock)
+  int64_t rows = 0;            // R = Sq * G packed rows per (b, kv head)
+  int64_t heads_per_item = 1;  // kv heads of a group
+  int64_t block_rows = 0;      // rows of each head in a row block
+  int64_t row_blocks = 0;      // ceil(R / block_rows)
+  int64_t head_groups = 0;     // Hkv / heads_per_item
   int64_t splits = 1;
-  int64_t batch_heads = 0;  // B * Hkv
-  int64_t items() const { return batch_heads * row_blocks * splits; }
+  int64_t batch_groups = 0;    // B * head_groups
+  int64_t items() const { return batch_groups * row_blocks * splits; }
 };
 
 Plan make_plan(const KvCacheParams& p) {
   Plan plan;
   plan.rows = p.seqlen_q * p.group();
-  plan.row_blocks = (plan.rows + kRowBlock - 1) / kRowBlock;
-  plan.batch_heads = p.batch * p.heads_kv;
+  const int64_t chunk_bytes = int64_t{kKeyChunk} * (p.head_dim + p.head_dim_v) * element_size(p.dtype);
+  for (int64_t heads = 2; heads <= p.heads_kv && heads * plan.rows <= kRowBlock; ++heads)
+    if (p.heads_kv % heads == 0 && heads * chunk_bytes <= kGroupChunkBytes) plan.heads_per_item = heads;
+  plan.block_rows = plan.heads_per_item > 1 ? plan.rows : kRowBlock;
+  plan.row_blocks = (plan.rows + plan.block_rows - 1) / plan.block_rows;
+  plan.head_groups = p.heads_kv / plan.heads_per_item;
+  plan.batch_groups = p.batch * plan.head_groups;
   const int64_t max_splits = std::max<int64_t>(1, (p.capacity + kKeyChunk - 1) / kKeyChunk);
   if (p.num_splits > 0) {
     plan.splits = std::min<int64_t>(p.num_splits, max_splits);
   } else {
-    const int64_t parallel = std::max<int64_t>(1, plan.batch_heads * plan.row_blocks);
+    const int64_t parallel = std::max<int64_t>(1, plan.batch_groups * plan.row_blocks);
     const int64_t wanted = (2 * static_cast<int64_t>(p.num_threads) + parallel - 1) / parallel;
     plan.splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, p.capacity / kMinKeysPerSplit));
     if (parallel >= p.num_threads) plan.splits = 1;
@@ -183,8 +204,34 @@ Plan make_plan(const KvCacheParams& p) {
   return plan;
 }
 
+// An item's rows: head t of its group (kv head hkv0 + t), rows r0 .. r0 + nr - 1
+// of that head, packed as row t * nr + r (at most kRowBlock).
+struct ItemRows {
+  int64_t b = 0, hkv0 = 0, r0 = 0;
+  int nr = 0, heads = 0;
+  int packed() const { return heads * nr; }
+  // Query i and query head h of packed row `row`.
+  int64_t query(const KvCacheParams& p, int row) const { return (r0 + row % nr) / p.group(); }
+  int64_t head(const KvCacheParams& p, int row) const {
+    return (hkv0 + row / nr) * p.group() + (r0 + row % nr) % p.group();
+  }
+};
+
+// The rows of the item or combine unit `unit` (an item without its split).
+ItemRows item_rows(const Plan& plan, int64_t unit) {
+  ItemRows rows;
+  const int64_t rb = unit % plan.row_blocks;
+  const int64_t g = (unit / plan.row_blocks) % plan.head_groups;
+  rows.b = unit / (plan.row_blocks * plan.head_groups);
+  rows.hkv0 = g * plan.heads_per_item;
+  rows.r0 = rb * plan.block_rows;
+  rows.nr = static_cast<int>(std::min<int64_t>(plan.block_rows, plan.rows - rows.r0));
+  rows.heads = static_cast<int>(plan.heads_per_item);
+  return rows;
+}
+
 struct ThreadScratch {
-  float *q, *o, *m, *l, *s, *k_t, *v;
+  float *q, *o, *m, *l, *s, *k, *v;
 };
 
 ThreadScratch carve_thread(const KvCacheParams& p, ScratchArena& arena) {
@@ -193,9 +240,9 @@ ThreadScratch carve_thread(const KvCacheParams& p, ScratchArena& arena) {
   w.o = arena.take_floats(int64_t(kRowBlock) * p.head_dim_v);  // (rows, Dv)
   w.m = arena.take_floats(kRowBlock);                          // running max, log2 units
   w.l = arena.take_floats(kRowBlock);
-  w.s = arena.take_floats(int64_t(kRowBlock) * kKeyChunk);     // (rows, keys)
-  w.k_t = arena.take_floats(int64_t(kKeyChunk) * p.head_dim);  // (keys, D)
-  w.v = arena.take_floats(int64_t(kKeyChunk) * p.head_dim_v);  // (keys, Dv)
+  w.s = arena.take_floats(int64_t(kRowBlock) * kKeyChunk);              // (rows, keys)
+  w.k = arena.take_floats(int64_t(kKeyChunk) * p.head_dim);             // (keys, D) of one head
+  w.v = arena.take_floats(int64_t(kKeyChunk) * p.head_dim_v);           // (keys, Dv)
   return w;
 }
 
@@ -269,25 +316,23 @@ inline void chunk_accumulate(const float* p, int64_t ld_p, int nr, int nk, const
 }
 #endif
 
-// Phase 2 for one item. Rows r0 .. r0 + nr - 1 of (b, kv head), keys of split `split`.
+// Phase 2 for one item: the rows of item_rows(item / splits), keys of split
+// item % splits.
 void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& w, const SplitScratch& splits,
                  int64_t item) {
   const int64_t split = item % plan.splits;
-  const int64_t rb = (item / plan.splits) % plan.row_blocks;
-  const int64_t hkv = (item / (plan.splits * plan.row_blocks)) % p.heads_kv;
-  const int64_t b = item / (plan.splits * plan.row_blocks * p.heads_kv);
-  const int64_t group = p.group();
+  const ItemRows rows = item_rows(plan, item / plan.splits);
+  const int64_t b = rows.b, group = p.group();
   const int64_t d_count = p.head_dim, dv_count = p.head_dim_v;
-  const int64_t r0 = rb * kRowBlock;
-  const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, plan.rows - r0));
+  const int nr = rows.nr, packed = rows.packed();
   const CacheRow row = CacheRow::of(p, b);
   const MaskPolicy mask = row.mask(p);
 
   // Scale and log2(e) folded into q: the scores come out in log2 units.
   const float q_factor = p.softmax_scale * kLog2e;
   RowMask masks[kRowBlock];
-  for (int r = 0; r < nr; ++r) {
-    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+  for (int r = 0; r < packed; ++r) {
+    const int64_t i = rows.query(p, r), h = rows.head(p, r);
     const int64_t q_offset = b * p.q_layout.batch + i * p.q_layout.row + h * p.q_layout.head;
     float* q_row = w.q + r * d_count;
     load_rotated_row(p, p.q, q_offset, query_rotary_position(p, row, i), q_row);
@@ -297,12 +342,13 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
     masks[r].diagonal = i + mask.shift;
     masks[r].slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
   }
-  std::fill(w.o, w.o + int64_t(nr) * dv_count, 0.0f);
-  std::fill(w.m, w.m + nr, -kInf);
-  std::fill(w.l, w.l + nr, 0.0f);
+  std::fill(w.o, w.o + int64_t(packed) * dv_count, 0.0f);
+  std::fill(w.m, w.m + packed, -kInf);
+  std::fill(w.l, w.l + packed, 0.0f);
 
-  // Keys some row of the block sees, then this split's share on the chunk grid.
-  const int64_t i_first = r0 / group, i_last = (r0 + nr - 1) / group;
+  // Keys some row of the block sees (the same for every head), then this
+  // split's share on the chunk grid.
+  const int64_t i_first = rows.r0 / group, i_last = (rows.r0 + nr - 1) / group;
   int64_t key_lo = mask.key_begin(i_first), key_hi = mask.key_end(i_last + 1);
   const int64_t span = key_hi > key_lo ? key_hi - key_lo : 0;
   const int64_t per_split = ((span + plan.splits - 1) / plan.splits + kKeyChunk - 1) / kKeyChunk * kKeyChunk;
@@ -312,61 +358,51 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
   const int64_t elem = element_size(p.dtype);
   const char* k_cache = static_cast<const char*>(p.k_cache);
   const char* v_cache = static_cast<const char*>(p.v_cache);
-  const int64_t k_row_bytes = d_count * elem, v_row_bytes = dv_count * elem;
   for (int64_t k0 = key_lo; k0 < key_hi; k0 += kKeyChunk) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyChunk, key_hi - k0));
-    const int64_t next = k0 + kKeyChunk;
-    for (int j = 0; j < nk; ++j) {
-      const int64_t position = row.leftpad + k0 + j;
-      const int64_t k_off = cache_offset(p, p.k_cache_layout, row, b, position, hkv);
-      const int64_t v_off = cache_offset(p, p.v_cache_layout, row, b, position, hkv);
-      load_floats(p.dtype, k_cache + k_off * elem, d_count, w.k_t + j * d_count, 1);
-      load_floats(p.dtype, v_cache + v_off * elem, dv_count, w.v + j * dv_count, 1);
-      // The same key of the next chunk requested now, into L2 (prefetcht2):
-      // the hardware prefetchers follow demand loads, and between two chunks'
-      // loads the chunk's arithmetic runs without any. Into L1 (prefetcht0)
-      // the requests waited for fill buffers: 9.9 against 13.0 GB/s of K/V
-      // at B = 1 with 32k keys, 2 threads (7.1 before both changes).
-      if (next + j < key_hi) {
-        const int64_t ahead = row.leftpad + next + j;
-        const int64_t k_ahead = cache_offset(p, p.k_cache_layout, row, b, ahead, hkv);
-        const int64_t v_ahead = cache_offset(p, p.v_cache_layout, row, b, ahead, hkv);
-        for (int64_t line = 0; k_ahead >= 0 && line < k_row_bytes; line += 64)
-          __builtin_prefetch(k_cache + k_ahead * elem + line, 0, 1);
-        for (int64_t line = 0; v_ahead >= 0 && line < v_row_bytes; line += 64)
-          __builtin_prefetch(v_cache + v_ahead * elem + line, 0, 1);
-      }
-    }
-    chunk_scores(w.q, nr, d_count, w.k_t, nk, w.s, kKeyChunk);
-    // Invariant per row: O = sum_j 2^(s_j - m) v_j and l = sum_j 2^(s_j - m) over the keys
-    // seen; a new maximum rescales both by 2^(m_old - m_new). A row that has seen no
-    // visible key keeps m = -inf and is skipped.
-    for (int r = 0; r < nr; ++r) {
-      float* s_row = w.s + r * kKeyChunk;
-      shape_scores(p, masks[r], k0, nk, s_row);
-      float chunk_max = -kInf;
-#pragma omp simd reduction(max : chunk_max)
-      for (int j = 0; j < nk; ++j) chunk_max = std::max(chunk_max, s_row[j]);
-      const float m_new = std::max(w.m[r], chunk_max);
-      if (m_new == -kInf) {
-        std::fill(s_row, s_row + nk, 0.0f);
-        continue;
-      }
-      const float alpha = exp2_nonpositive(w.m[r] - m_new);
-      float sum = 0.0f;
+    // Head by head: its K and V rows staged (fp32, in L1), its rows' scores,
+    // softmax and P V. (Software prefetches of the next chunk, into L1 or L2,
+    // measured no faster here.)
+    for (int t = 0; t < rows.heads; ++t) {
       for (int j = 0; j < nk; ++j) {
-        s_row[j] = exp2_nonpositive(s_row[j] - m_new);
-        sum += s_row[j];
+        const int64_t position = row.leftpad + k0 + j;
+        const int64_t k_off = cache_offset(p, p.k_cache_layout, row, b, position, rows.hkv0 + t);
+        const int64_t v_off = cache_offset(p, p.v_cache_layout, row, b, position, rows.hkv0 + t);
+        load_floats(p.dtype, k_cache + k_off * elem, d_count, w.k + j * d_count, 1);
+        load_floats(p.dtype, v_cache + v_off * elem, dv_count, w.v + j * dv_count, 1);
       }
-      float* o_row = w.o + r * dv_count;
-      for (int64_t d = 0; d < dv_count; ++d) o_row[d] *= alpha;
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = m_new;
+      const int first = t * nr;  // the head's packed rows [first, first + nr)
+      chunk_scores(w.q + first * d_count, nr, d_count, w.k, nk, w.s + first * kKeyChunk, kKeyChunk);
+      // Invariant per row: O = sum_j 2^(s_j - m) v_j and l = sum_j 2^(s_j - m) over the keys
+      // seen; a new maximum rescales both by 2^(m_old - m_new). A row that has seen no
+      // visible key keeps m = -inf and is skipped.
+      for (int r = first; r < first + nr; ++r) {
+        float* s_row = w.s + r * kKeyChunk;
+        shape_scores(p, masks[r], k0, nk, s_row);
+        float chunk_max = -kInf;
+#pragma omp simd reduction(max : chunk_max)
+        for (int j = 0; j < nk; ++j) chunk_max = std::max(chunk_max, s_row[j]);
+        const float m_new = std::max(w.m[r], chunk_max);
+        if (m_new == -kInf) {
+          std::fill(s_row, s_row + nk, 0.0f);
+          continue;
+        }
+        const float alpha = exp2_nonpositive(w.m[r] - m_new);
+        float sum = 0.0f;
+        for (int j = 0; j < nk; ++j) {
+          s_row[j] = exp2_nonpositive(s_row[j] - m_new);
+          sum += s_row[j];
+        }
+        float* o_row = w.o + r * dv_count;
+        for (int64_t d = 0; d < dv_count; ++d) o_row[d] *= alpha;
+        w.l[r] = w.l[r] * alpha + sum;
+        w.m[r] = m_new;
+      }
+      chunk_accumulate(w.s + first * kKeyChunk, kKeyChunk, nr, nk, w.v, dv_count, w.o + first * dv_count);
     }
-    chunk_accumulate(w.s, kKeyChunk, nr, nk, w.v, dv_count, w.o);
   }
 
-  for (int r = 0; r < nr; ++r) {
+  for (int r = 0; r < packed; ++r) {
     const bool empty = !(w.l[r] > 0.0f);
     const float inv = empty ? 0.0f : 1.0f / w.l[r];
     const float lse = empty ? kInf : w.m[r] * kLn2 + std::log(w.l[r]);
@@ -377,25 +413,20 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
       splits.lse[item * kRowBlock + r] = empty ? -kInf : lse;
       continue;
     }
-    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+    const int64_t i = rows.query(p, r), h = rows.head(p, r);
     const int64_t o_offset = b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
     for (int64_t d = 0; d < dv_count; ++d) store_element(p.dtype, p.o, o_offset + d, o_row[d] * inv);
     if (p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
   }
 }
 
-// Phase 3: the splits of one (b, kv head, row block) merged into out and lse.
-void combine_item(const KvCacheParams& p, const Plan& plan, const SplitScratch& splits, int64_t group_item,
+// Phase 3: the splits of one unit (item_rows) merged into out and lse.
+void combine_item(const KvCacheParams& p, const Plan& plan, const SplitScratch& splits, int64_t unit,
                   float* accumulator) {
-  const int64_t rb = group_item % plan.row_blocks;
-  const int64_t hkv = (group_item / plan.row_blocks) % p.heads_kv;
-  const int64_t b = group_item / (plan.row_blocks * p.heads_kv);
-  const int64_t group = p.group();
-  const int64_t dv_count = p.head_dim_v;
-  const int64_t r0 = rb * kRowBlock;
-  const int nr = static_cast<int>(std::min<int64_t>(kRowBlock, plan.rows - r0));
-  const int64_t first_item = group_item * plan.splits;
-  for (int r = 0; r < nr; ++r) {
+  const ItemRows rows = item_rows(plan, unit);
+  const int64_t b = rows.b, dv_count = p.head_dim_v;
+  const int64_t first_item = unit * plan.splits;
+  for (int r = 0; r < rows.packed(); ++r) {
     float lse_max = -kInf;
     for (int64_t s = 0; s < plan.splits; ++s) lse_max = std::max(lse_max, splits.lse[(first_item + s) * kRowBlock + r]);
     std::fill(accumulator, accumulator + dv_count, 0.0f);
@@ -411,7 +442,7 @@ void combine_item(const KvCacheParams& p, const Plan& plan, const SplitScratch& 
         for (int64_t d = 0; d < dv_count; ++d) accumulator[d] += weight * src[d];
       }
     }
-    const int64_t i = (r0 + r) / group, h = hkv * group + (r0 + r) % group;
+    const int64_t i = rows.query(p, r), h = rows.head(p, r);
     const int64_t o_offset = b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
     for (int64_t d = 0; d < dv_count; ++d) store_element(p.dtype, p.o, o_offset + d, accumulator[d]);
     if (p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
@@ -454,7 +485,8 @@ fa_status run_kvcache(const KvCacheParams& p, void* workspace) {
     for (int64_t item = 0; item < items; ++item) attend_item(p, plan, w, splits, item);
     if (plan.splits > 1) {
 #pragma omp for schedule(static)
-      for (int64_t g = 0; g < plan.batch_heads * plan.row_blocks; ++g) combine_item(p, plan, splits, g, w.o);
+      for (int64_t unit = 0; unit < plan.batch_groups * plan.row_blocks; ++unit)
+        combine_item(p, plan, splits, unit, w.o);
     }
   }
   return FA_OK;

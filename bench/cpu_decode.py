@@ -1,0 +1,101 @@
+"""flashattn's CPU KV-cache decode side by side with torch's CPU SDPA, one process.
+
+Issue 6's decode shape (bf16, head dim 128, Hkv = 8, H = 32, one query token) on a contiguous cache,
+B in 1 and 8, cache lengths 4k and 32k (and 128k at B = 1); the same thread count for both. Ours runs
+through the C API (fa_ctypes, $FLASHATTN_LIB); torch's is F.scaled_dot_product_attention on the
+same cache seen as (B, Hkv, S, D) with enable_gqa. The anchor is the machine's memory: a torch copy
+of K and V (read + write bytes) in the same run. Medians over interleaved repetitions; prints a
+table and writes JSON.
+
+    FLASHATTN_LIB=build-cpu/libflashattn.so python3 bench/cpu_decode.py --threads 2 [--json out.json]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fa_ctypes import FlashAttn  # noqa: E402
+
+CELLS = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)]
+HKV, H, D = 8, 32, 128
+
+
+def interleaved_medians(fns, reps):
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
+def run_cell(fa, b, s, threads, reps):
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(b, s, HKV, D, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(b, s, HKV, D, generator=gen).to(torch.bfloat16)
+    q = torch.randn(b, 1, H, D, generator=gen).to(torch.bfloat16)
+    seqlens = torch.full((b,), s, dtype=torch.int32)
+    out = torch.empty_like(q)
+    args = fa.kvcache_args(q, k_cache, v_cache, out, cache_seqlens=seqlens, num_threads=threads)
+    q_t, k_t, v_t = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    source = torch.cat([k_cache.flatten(), v_cache.flatten()])
+    target = torch.empty_like(source)
+
+    def ours():
+        fa.fwd_kvcache(args)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q_t, k_t, v_t, enable_gqa=True)
+
+    def copy():
+        target.copy_(source)
+
+    t_ours, t_sdpa, t_copy = interleaved_medians([ours, sdpa, copy], reps)
+    diff = (out.float() - sdpa().transpose(1, 2).float()).abs().max().item()
+    kv_bytes = 2 * b * s * HKV * D * 2
+    return {
+        "B": b, "cache": s, "threads": threads, "kv_bytes": kv_bytes,
+        "ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "copy_ms": t_copy * 1e3,
+        "ours_gbs": kv_bytes / t_ours / 1e9, "sdpa_gbs": kv_bytes / t_sdpa / 1e9,
+        "copy_gbs_read_plus_write": 2 * kv_bytes / t_copy / 1e9,
+        "ours_vs_sdpa": t_sdpa / t_ours, "max_abs_diff_vs_sdpa": diff,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--json")
+    a = parser.parse_args()
+    torch.set_num_threads(a.threads)
+    fa = FlashAttn()
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, {a.threads} threads, median of {a.reps} interleaved, "
+          f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"{'B':>2} {'cache':>7} | {'ours ms':>8} {'GB/s':>6} | {'sdpa ms':>8} {'GB/s':>6} | {'x':>5} | "
+          f"{'copy r+w GB/s':>13} | max diff")
+    rows = []
+    for b, s in CELLS:
+        r = run_cell(fa, b, s, a.threads, a.reps)
+        rows.append(r)
+        print(f"{b:>2} {s:>7} | {r['ours_ms']:8.2f} {r['ours_gbs']:6.1f} | {r['sdpa_ms']:8.2f} {r['sdpa_gbs']:6.1f} | "
+              f"{r['ours_vs_sdpa']:5.2f} | {r['copy_gbs_read_plus_write']:13.1f} | {r['max_abs_diff_vs_sdpa']:.1e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"torch": torch.__version__, "threads": a.threads, "reps": a.reps, "load_start": load,
+                       "load_end": os.getloadavg(), "results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
