@@ -5,9 +5,10 @@
 // and stored O's row for every (key, row): at GQA-4 decode the chunk's
 // arithmetic, not memory, set the speed (12 GB/s of K/V on two cores with
 // the cache in L2). Here:
-//   scores  per row, 16 keys at a time: one accumulator per key over the
-//           head dim, then the 16 accumulators reduced together into the 16
-//           scores (45 shuffles and adds instead of 16 separate reductions)
+//   scores  two rows and 8 keys at a time: one accumulator per (row, key)
+//           over the head dim, then the 16 accumulators reduced together into
+//           the 16 scores (45 shuffles and adds instead of 16 separate
+//           reductions)
 //   P V     O's rows in registers, 4 rows x 64 columns at a time, each V
 //           vector loaded once per key for the 4 rows
 // The sums run in another order than the portable loops', so the bits differ
@@ -48,25 +49,36 @@ inline __m512 sum_lanes_of_16(__m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, kEven), _mm512_shuffle_f32x4(d0, d1, kOdd));
 }
 
-// s (nr, nk), row r at s + r * ld_s, = q (nr, d) k^T with k (nk, d) rows.
+// s (nr, nk), row r at s + r * ld_s, = q (nr, d) k^T with k (nk, d) rows:
+// two rows and 8 keys at a time, 16 accumulators over the head dim (each K
+// vector loaded once for both rows), reduced together into the 16 scores.
 inline void chunk_scores(const float* q, int nr, int64_t d, const float* k, int nk, float* s, int64_t ld_s) {
-  for (int r = 0; r < nr; ++r) {
-    const float* q_row = q + r * d;
-    for (int j0 = 0; j0 < nk; j0 += 16) {
-      const int keys = nk - j0 < 16 ? nk - j0 : 16;
-      // Always 16 accumulators, so that they stay in registers: past the
+  for (int r = 0; r < nr; r += 2) {
+    const bool pair = r + 1 < nr;
+    const float* q_rows[2] = {q + r * d, q + (pair ? r + 1 : r) * d};
+    for (int j0 = 0; j0 < nk; j0 += 8) {
+      const int keys = nk - j0 < 8 ? nk - j0 : 8;
+      // Always 8 keys, so that the accumulators stay in registers: past the
       // chunk's last key they repeat it, and those lanes are not stored.
-      const float* rows[16];
-      for (int j = 0; j < 16; ++j) rows[j] = k + (j0 + (j < keys ? j : keys - 1)) * d;
+      const float* rows[8];
+      for (int j = 0; j < 8; ++j) rows[j] = k + (j0 + (j < keys ? j : keys - 1)) * d;
       __m512 acc[16];
       for (__m512& a : acc) a = _mm512_setzero_ps();
       for (int64_t c = 0; c < d; c += 16) {
         const __mmask16 mask = chunk_lanes(d - c);
-        const __m512 qv = _mm512_maskz_loadu_ps(mask, q_row + c);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mask, rows[j] + c), acc[j]);
+        const __m512 q0 = _mm512_maskz_loadu_ps(mask, q_rows[0] + c);
+        const __m512 q1 = _mm512_maskz_loadu_ps(mask, q_rows[1] + c);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const __m512 kv = _mm512_maskz_loadu_ps(mask, rows[j] + c);
+          acc[j] = _mm512_fmadd_ps(q0, kv, acc[j]);
+          acc[8 + j] = _mm512_fmadd_ps(q1, kv, acc[8 + j]);
+        }
       }
-      _mm512_mask_storeu_ps(s + r * ld_s + j0, chunk_lanes(keys), sum_lanes_of_16(acc));
+      const __m512 sums = sum_lanes_of_16(acc);  // lanes 0-7: row r, 8-15: row r + 1
+      const __mmask16 stored = static_cast<__mmask16>((1u << keys) - 1u);
+      _mm512_mask_storeu_ps(s + r * ld_s + j0, stored, sums);
+      if (pair) _mm512_mask_storeu_ps(s + (r + 1) * ld_s + j0 - 8, static_cast<__mmask16>(stored << 8), sums);
     }
   }
 }
