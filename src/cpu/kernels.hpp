@@ -92,8 +92,8 @@ bool avx512_supported();
 // amx_supported() (which also asks Linux for the tile state) says yes.
 IsaBackend amx_backend();
 bool amx_supported();
-// The same for fp32 tensors: every gemm operand split into three bf16
-// pieces (isa_amx.cpp), fp32 accuracy at AMX speed.
+// The same for fp32 and fp16 tensors: every gemm operand split into three
+// bf16 pieces (isa_amx.cpp), fp32 accuracy at AMX speed.
 IsaBackend amx_split_backend();
 
 // The richest kernel sets this CPU runs, in order, capped by

@@ -13,12 +13,11 @@ namespace flashattn {
 namespace cpu {
 
 // Packing buffers of the AMX kernel sets, per bf16 piece of an operand (1
-// for bf16 tensors, kAmxSplitPieces for fp32): A (256 x 256) bf16 plus the
-// pinned A operands, B (128 x 256) bf16 pairs plus the pinned B operands of
-// the same size; and a
-// (256 x 256) fp32 C staging tile: every gemm of the passes has m <= 256 and
-// k, n <= 256. Counted for every bf16 and fp32 call, AMX or not, so the size
-// depends on the params alone.
+// for bf16 tensors, kAmxSplitPieces for fp32 and fp16): A (256 x 256) bf16
+// plus the pinned A operands, B (128 x 256) bf16 pairs plus the pinned B
+// operands of the same size; and a (256 x 256) fp32 C staging tile: every
+// gemm of the passes has m <= 256 and k, n <= 256. Counted for every call,
+// AMX or not, so the size depends on the params alone.
 constexpr int kMaxGemmRows = 256;  // max(kBlockM, kBlockN)
 constexpr int kMaxGemmDim = 256;   // FA_MAX_HEAD_DIM
 constexpr int kKvTilesPerItem = 2;                 // backward dK/dV items (bwd_impl.hpp)
@@ -27,9 +26,11 @@ constexpr int kPinnedAOperands = 2;  // P^T and dS^T as A operands (bwd_group.hp
 constexpr int kSharedOperands = 4;  // shared packed operands in use at once (SharedOperand)
 constexpr int kAmxSplitPieces = 3;
 static_assert(kBlockM <= kMaxGemmRows && kBlockN <= kMaxGemmRows, "gemm rows exceed the AMX packing buffers");
+// bf16 pieces of an operand: bf16 tensors 1; fp32 and fp16 tensors 3 (an
+// fp16 value's third piece is 0, dispatch.cpp).
+inline int amx_pieces(fa_dtype dtype) { return dtype == FA_DTYPE_BF16 ? 1 : kAmxSplitPieces; }
 inline size_t isa_scratch_bytes(const AttnParams& p) {
-  const size_t pieces = p.dtype == FA_DTYPE_BF16 ? 1 : p.dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
-  if (pieces == 0) return 0;
+  const size_t pieces = static_cast<size_t>(amx_pieces(p.dtype));
   const size_t a = size_t{kMaxGemmRows} * kMaxGemmDim * 2 * pieces;
   const size_t b = size_t{kMaxGemmDim} * kMaxGemmRows * 2 * pieces;
   const size_t c = size_t{kMaxGemmRows} * kMaxGemmDim * 4;
@@ -45,11 +46,8 @@ inline size_t isa_scratch_bytes(const AttnParams& p) {
 //   kRowsA        rows of A              planes (chunk_rows, k32 = cols rounded to 32)
 //   kTransposedA  columns of A (V^T)     planes (cols rounded to 16, k32 = chunk_rows)
 //   kRowsB        rows of B              planes of pairs (chunk_rows / 2, n16 = cols rounded to 16)
-// packed is null where no AMX kernel set runs the dtype (fp16): the sizes
-// come from the params alone.
-inline int amx_pieces(fa_dtype dtype) {
-  return dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_FP32 ? kAmxSplitPieces : 0;
-}
+// The packings are carved for every call, AMX or not: the sizes come from
+// the params alone.
 inline int round_up_to(int64_t value, int multiple) {
   return static_cast<int>((value + multiple - 1) / multiple * multiple);
 }
