@@ -76,6 +76,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--cells", help="B:cache pairs, comma-separated (default: the issue's five)")
     parser.add_argument("--json")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
@@ -86,7 +87,8 @@ def main():
     print(f"{'B':>2} {'cache':>7} | {'ours ms':>8} {'GB/s':>6} | {'sdpa ms':>8} {'GB/s':>6} | {'x':>5} | "
           f"{'copy r+w GB/s':>13} | max diff")
     rows = []
-    for b, s in CELLS:
+    cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")] if a.cells else CELLS
+    for b, s in cells:
         r = run_cell(fa, b, s, a.threads, a.reps)
         rows.append(r)
         print(f"{b:>2} {s:>7} | {r['ours_ms']:8.2f} {r['ours_gbs']:6.1f} | {r['sdpa_ms']:8.2f} {r['sdpa_gbs']:6.1f} | "

@@ -165,10 +165,10 @@ void append_new_rows(const KvCacheParams& p) {
 // cache position their rows lie side by side (Hkv * D elements, in (B, S,
 // Hkv, D) storage), so the group reads a chunk's positions as a whole where
 // one head alone reads 256 bytes in each 2 KiB (Hkv = 8, D = 128): this
-// machine reads the first pattern at 32 GB/s and the second at 14 (2 threads,
-// 537 MB). Groups of several heads are taken where all their packed rows fit
-// one block (decode: G * Sq rows a head), up to kGroupChunkBytes of cache a
-// chunk.
+// machine reads the first pattern at about 30 GB/s and the second at 13-14
+// (2 threads, 537 MB, dev/cpu_read_bandwidth.cpp). Groups of several heads
+// are taken where all their packed rows fit one block (decode: G * Sq rows a
+// head), up to kGroupChunkBytes of cache a chunk.
 constexpr int64_t kGroupChunkBytes = int64_t{256} << 10;
 
 struct Plan {
