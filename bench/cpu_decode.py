@@ -12,7 +12,6 @@ table and writes JSON.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,22 +20,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_vs_torch import interleaved_medians  # noqa: E402
 from fa_ctypes import FlashAttn  # noqa: E402
 
 CELLS = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)]
 HKV, H, D = 8, 32, 128
-
-
-def interleaved_medians(fns, reps):
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, samples in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) for samples in times]
 
 
 def run_cell(fa, b, s, threads, reps):

@@ -95,6 +95,8 @@ class FlashAttn:
         lib.fa_kvcache_args_init.argtypes = [ctypes.POINTER(FaKvcacheArgs)]
         lib.fa_fwd_kvcache.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.c_void_p, ctypes.c_size_t]
         lib.fa_fwd_kvcache.restype = ctypes.c_int
+        lib.fa_fwd_kvcache_workspace_size.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.POINTER(ctypes.c_size_t)]
+        lib.fa_fwd_kvcache_workspace_size.restype = ctypes.c_int
         lib.fa_last_error.restype = ctypes.c_char_p
         lib.fa_has_cuda.restype = ctypes.c_int32
 

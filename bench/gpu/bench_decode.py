@@ -31,32 +31,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from fa_ctypes import FaOptions, FaTensor, FlashAttn  # noqa: E402
+from fa_ctypes import FaKvcacheArgs, FlashAttn  # noqa: E402
 
 GIB = 1 << 30
 L2_BYTES = 60 << 20
 
 
-class FaKvcacheArgs(ctypes.Structure):
-    """Mirrors fa_kvcache_args of include/flashattn/flashattn.h."""
-    _fields_ = [
-        ("q", FaTensor), ("k_cache", FaTensor), ("v_cache", FaTensor), ("k_new", FaTensor), ("v_new", FaTensor),
-        ("cache_seqlens", FaTensor), ("cache_batch_idx", FaTensor), ("cache_leftpad", FaTensor),
-        ("block_table", FaTensor), ("rotary_cos", FaTensor), ("rotary_sin", FaTensor),
-        ("rotary_interleaved", ctypes.c_int32), ("alibi_slopes", FaTensor), ("out", FaTensor), ("lse", FaTensor),
-        ("num_splits", ctypes.c_int32), ("opts", FaOptions),
-    ]
-
-
 class KvCache:
     def __init__(self, fa):
-        self.fa = fa
-        lib = fa.lib
-        lib.fa_kvcache_args_init.argtypes = [ctypes.POINTER(FaKvcacheArgs)]
-        lib.fa_fwd_kvcache.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.c_void_p, ctypes.c_size_t]
-        lib.fa_fwd_kvcache.restype = ctypes.c_int
-        lib.fa_fwd_kvcache_workspace_size.argtypes = [ctypes.POINTER(FaKvcacheArgs), ctypes.POINTER(ctypes.c_size_t)]
-        lib.fa_fwd_kvcache_workspace_size.restype = ctypes.c_int
+        self.fa = fa  # FlashAttn declares the fa_*kvcache* entry points (fa_ctypes.py)
 
     def call(self, q, k_cache, v_cache, out, cache_seqlens, block_table=None, num_splits=0, k_new=None, v_new=None,
              cos=None, sin=None, causal=True):
