@@ -30,9 +30,10 @@ IsaLevel capped_level() {
 }
 
 // AMX multiplies bf16: bf16 tensors directly, fp32 and fp16 as split bf16
-// pieces (an fp16 value is two bf16 pieces exactly, its third piece is 0:
-// measured 1.4x the AVX-512 FMAs at 4,8,1024,64). AVX2 runs every dtype as fp32 FMAs; bf16
-// tensors take its build with the shorter exp2 polynomial (avx2_kernels.hpp).
+// pieces (an fp16 value is two bf16 pieces exactly, its third piece is 0;
+// measured 1.2-1.7x the AVX-512 FMAs, dev/cpu_tuning.md). AVX2 runs every
+// dtype as fp32 FMAs; bf16 tensors take its build with the shorter exp2
+// polynomial (avx2_kernels.hpp).
 IsaBackend selected_backend(const AttnParams& p) {
   switch (isa_level()) {
     case IsaLevel::kAmx:

@@ -1,8 +1,8 @@
-// The AMX kernel sets for bf16 and fp32 tensors: the AVX-512 kernels with a
-// gemm that runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 * 32x16
-// bf16); for fp32 on operands split into three bf16 pieces (AmxKernels<3>),
-// by rounding, or by truncation where the product's other operand was split
-// by rounding (amx_pieces.hpp, split_pieces_as).
+// The AMX kernel sets for bf16, fp32 and fp16 tensors: the AVX-512 kernels
+// with a gemm that runs on AMX tiles (TDPBF16PS, 16x16 fp32 += 16x32 bf16 *
+// 32x16 bf16); for fp32 and fp16 on operands split into three bf16 pieces
+// (AmxKernels<3>), by rounding, or by truncation where the product's other
+// operand was split by rounding (amx_pieces.hpp, split_pieces_as).
 //
 // The algorithm hands gemm fp32 tiles; gemm converts its operands to bf16
 // (round to nearest even) into the packed layouts AMX reads and accumulates
