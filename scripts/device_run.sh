@@ -181,6 +181,11 @@ if has_stage cpu; then
     >/tmp/cpu_vs_torch.txt 2>&1
   note "== CPU vs torch exit $?"
   cat /tmp/cpu_vs_torch.txt >>"$OUT/bench_table.txt"
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_CPU_DECODE_TIMEOUT:-90}" \
+    python3 bench/cpu_decode.py --threads "${FA_CPU_THREADS:-$JOBS}" --reps 5 --json "$OUT/cpu_decode.json" \
+    >/tmp/cpu_decode.txt 2>&1
+  note "== CPU decode vs torch exit $?"
+  cat /tmp/cpu_decode.txt >>"$OUT/bench_table.txt"
 fi
 
 # A/B: alternative tiles in extra libraries (bf16, hdim 64/128/256, sm_90a only),
