@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/avx512_lanes.hpp"
 #include "cpu/exp2_poly.hpp"
 #include "cpu/scratch.hpp"
 #include "cpu/staged_operands.hpp"
@@ -17,10 +18,6 @@
 namespace flashattn {
 namespace cpu {
 namespace {
-
-__mmask16 lanes_mask(int count) {
-  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1u);
-}
 
 // A (kRows x 32) block of C in 2 * kRows zmm accumulators: per step of the
 // k loop, two vectors of B are loaded and each A element is broadcast once

@@ -19,14 +19,11 @@
 
 #include <cstdint>
 
+#include "cpu/avx512_lanes.hpp"
+
 namespace flashattn {
 namespace cpu {
 namespace {
-
-// Lanes [0, count) of 16.
-inline __mmask16 chunk_lanes(int64_t count) {
-  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1u);
-}
 
 // v[i] = the sum of the 16 lanes of a[i], i < 16.
 inline __m512 sum_lanes_of_16(__m512 a[16]) {
@@ -65,7 +62,7 @@ inline void chunk_scores(const float* q, int nr, int64_t d, const float* k, int 
       __m512 acc[16];
       for (__m512& a : acc) a = _mm512_setzero_ps();
       for (int64_t c = 0; c < d; c += 16) {
-        const __mmask16 mask = chunk_lanes(d - c);
+        const __mmask16 mask = lanes_mask(d - c);
         const __m512 q0 = _mm512_maskz_loadu_ps(mask, q_rows[0] + c);
         const __m512 q1 = _mm512_maskz_loadu_ps(mask, q_rows[1] + c);
 #pragma GCC unroll 8
@@ -90,7 +87,7 @@ inline void chunk_accumulate(const float* p, int64_t ld_p, int nr, int nk, const
     const int rows = nr - r0 < kRows ? nr - r0 : kRows;
     for (int64_t c0 = 0; c0 < dv; c0 += 16 * kVectors) {
       __mmask16 masks[kVectors];
-      for (int t = 0; t < kVectors; ++t) masks[t] = chunk_lanes(dv - c0 - 16 * t);
+      for (int t = 0; t < kVectors; ++t) masks[t] = lanes_mask(dv - c0 - 16 * t);
       __m512 acc[kRows][kVectors];
       for (int r = 0; r < kRows; ++r)
         for (int t = 0; t < kVectors; ++t)
