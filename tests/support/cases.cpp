@@ -199,6 +199,11 @@ std::vector<Case> build() {
       C(F32, 2, 2, 1, 128, 128, 40, 40).alibi(ABH).window(16, 0),
       C(F16, 1, 2, 2, 128, 128, 64, 64).alibi(AH).softcap(4.0f),
       C(F32, 1, 2, 2, 65, 65, 64, 64).scale(0.3f),
+      // Peaked rows: scores hundreds below the row maximum, so that many
+      // probabilities fall under 2^-110 (their last bf16 piece is subnormal).
+      C(F32, 1, 2, 2, 128, 256, 64, 64).scale(8.0f),
+      C(F16, 1, 2, 1, 65, 256, 64, 64).scale(8.0f).causal(),
+      C(B16, 1, 2, 2, 128, 128, 64, 64).scale(8.0f),
       // GQA ratios 1, 2, 8 and MQA.
       C(F32, 1, 8, 1, 65, 65, 64, 64),
       C(F16, 1, 8, 1, 128, 128, 64, 64).causal(),
