@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flashattn
-from conftest import DTYPES, attention_ref, check_fwd_bwd
+from conftest import DTYPES, attention_ref, check_fwd_bwd, mask_allowed
 
 CASES = 48
 
@@ -39,6 +39,9 @@ def draw(index):
         # scores and LSE reach hundreds, and FA2's P = exp(s - LSE) carries the fp32 rounding of that LSE,
         # which a naive softmax normalizes away (the fp32 gradients land at 3-7x the naive error).
         cfg["sq"], cfg["sk"] = cfg["sk"], cfg["sq"]
+    if mask_allowed(cfg["sq"], cfg["sk"], cfg["causal"], cfg["window"])[0].sum(-1).max() < 2:
+        # No row sees two keys: dQ and dK are exactly 0 and the 2x rule has nothing to measure.
+        cfg["window"] = (-1, -1)
     return cfg
 
 
@@ -58,7 +61,4 @@ def test_random_options(index, device):
                              window_size=c["window"], softcap=c["softcap"], alibi_slopes=slopes)
     ref = functools.partial(attention_ref, causal=c["causal"], window=c["window"], softcap=c["softcap"],
                             alibi=slopes, scale=c["scale"])
-    visible = ref(q[:1], k[:1], v[:1], dtype=torch.float64)[1].isfinite().any()
-    if not visible:
-        pytest.skip(f"case {c}: no query row sees a key")
     check_fwd_bwd(ours, lambda *x, dtype: ref(*x, dtype=dtype)[0], (q, k, v), c["dtype"], device)
