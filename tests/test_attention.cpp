@@ -131,7 +131,7 @@ TEST(CaseList, CoversEveryRequiredValue) {
   for (fa_dtype t : {FA_DTYPE_FP32, FA_DTYPE_FP16, FA_DTYPE_BF16})
     EXPECT_TRUE(any([&](const Case& c) { return c.dtype == t; }));
   EXPECT_GE(cases.size(), 60u);
-  EXPECT_LE(cases.size(), 120u);
+  EXPECT_LE(cases.size(), 140u);  // the suite's time: about 110 fixed cases and 24 random combinations
 }
 
 template <typename Pred>

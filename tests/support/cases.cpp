@@ -1,6 +1,7 @@
 #include "support/cases.hpp"
 
 #include <algorithm>
+#include <random>
 #include <set>
 #include <stdexcept>
 
@@ -106,6 +107,56 @@ std::string make_name(const Case& c) {
   if (c.dropout > 0.0f) n += "_drop" + float_tag(c.dropout);
   if (c.layout != Layout::kContiguous) n += std::string("_") + layout_name(c.layout);
   return n;
+}
+
+// Random combinations of every option at once, from a fixed seed: the
+// fixed list above takes each option with a few others, these test how they
+// meet (a fuzz of such combinations found session 20's P-packing bug, which
+// no fixed case had hit). Sizes stay small; the names end in _rN.
+std::vector<C> random_combinations(int count) {
+  std::mt19937 rng(20261205);
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto chance = [&](int percent) { return pick(1, 100) <= percent; };
+  const fa_dtype dtypes[3] = {F32, F16, B16};
+  const int lengths[4] = {1, 3, 17, 0};  // 0: drawn from 1-200
+  std::vector<C> list;
+  for (int i = 0; i < count; ++i) {
+    const int hkv = pick(1, 3);
+    const int group = 1 << pick(0, 2);
+    const auto length = [&] {
+      const int l = lengths[pick(0, 3)];
+      return l == 0 ? pick(1, 200) : l;
+    };
+    // One draw per statement: the order of a call's arguments is unspecified.
+    const int batch = pick(1, 2);
+    const int sq = length();
+    const int sk = length();
+    const int d = 8 * pick(1, 24);
+    const int dv = chance(60) ? d : 8 * pick(1, 24);
+    C item(dtypes[i % 3], batch, hkv * group, hkv, sq, sk, d, dv);
+    if (chance(40)) item.causal(chance(50) ? FA_ALIGN_BOTTOM_RIGHT : FA_ALIGN_TOP_LEFT);
+    else if (chance(30)) item.top_left();
+    if (chance(40)) {
+      const int left = chance(30) ? -1 : pick(0, 64);
+      const int right = chance(30) ? -1 : pick(0, 64);
+      item.window(left, right);
+    }
+    if (chance(25)) {
+      const float cap = chance(50) ? 5.0f : 30.0f;
+      item.softcap(cap, chance(50) ? 0.0f : 0.5f);
+    }
+    else if (chance(20)) item.scale(chance(50) ? 0.3f : 2.0f);
+    if (chance(30)) item.alibi(chance(50) ? Alibi::kPerHead : Alibi::kPerBatchHead);
+    // Dropout only where rows see several keys: with a single visible key the
+    // exact dS is 0 (so is the naive error), but FA2's D = dO . O takes the
+    // rounding of O = v / (1 - p) to fp16/bf16 (flash-attn's D does too).
+    const bool wide_window = item.c.window_left < 0 || item.c.window_right < 0 ||
+                             item.c.window_left + item.c.window_right >= 8;
+    if (chance(20) && sk >= 8 && wide_window && !(item.c.causal && sq > sk)) item.dropout(0.2f);
+    if (chance(25)) item.layout(chance(50) ? Layout::kHeadMajor : Layout::kPadded);
+    list.push_back(item);
+  }
+  return list;
 }
 
 std::vector<Case> build() {
@@ -235,10 +286,15 @@ std::vector<Case> build() {
       C(F16, 0, 2, 2, 0, 0, 64, 64).varlen({17, 0, 40}, {40, 9, 17}).layout(HM).causal(),
       C(F32, 0, 4, 2, 0, 0, 32, 32).varlen({30, 33}, {33, 10}).layout(PAD).dropout(0.1f),
   };
+  const std::vector<C> random = random_combinations(24);
+  const size_t fixed = list.size();
+  list.insert(list.end(), random.begin(), random.end());
   std::vector<Case> cases;
   std::set<std::string> names;
-  for (C& item : list) {
+  for (size_t index = 0; index < list.size(); ++index) {
+    C& item = list[index];
     item.c.name = make_name(item.c);
+    if (index >= fixed) item.c.name += "_r" + std::to_string(index - fixed);
     if (!names.insert(item.c.name).second) throw std::logic_error("duplicate case name " + item.c.name);
     cases.push_back(item.c);
   }
