@@ -1,6 +1,7 @@
 """flashattn.flash_attn_with_kvcache against a torch reference on the gathered cache (2x rule), the
 in-place append checked exactly, on the CPU and (where present) the GPU."""
 import math
+import random
 
 import pytest
 import torch
@@ -156,6 +157,41 @@ def test_flash_attn_with_kvcache(name, cfg, dtype, device):
     assert_2x(out.cpu(), torch.stack(outs_naive), torch.stack(outs_ref))
     assert torch.isfinite(lse).all()
 
+
+
+def _random_cache_case(index):
+    """Options of CASES drawn together from a fixed seed: page sizes 1-256 (and none), GQA up to 16, Sq 1-16,
+    append or not, rotary, batch_idx, leftpad, splits. Every query row sees a key (each row holds at least Sq keys
+    after its left pad), so the LSE is finite."""
+    rng = random.Random(7000 + index)
+    sq = rng.choice([1, 1, 2, 7, 16])
+    s_new = rng.choice([0, sq])
+    hkv = rng.choice([1, 2])
+    cfg = dict(sq=sq, s_new=s_new, page=rng.choice([0, 0, 1, 7, 16, 64, 256]), hkv=hkv,
+               h=hkv * rng.choice([1, 2, 4, 8, 16 // hkv]), causal=rng.random() < 0.5)
+    lens = [rng.choice([sq, rng.randint(sq, 80), rng.randint(sq, 600)]) for _ in range(2)]
+    cfg["seqlens"] = lens
+    if rng.random() < 0.3:
+        cfg["window"] = (rng.choice([-1, 0, 3, 40]), rng.choice([-1, 0, 5]))
+    if rng.random() < 0.3:
+        cfg["softcap"] = rng.choice([5.0, 30.0])
+    if rng.random() < 0.3:
+        cfg["alibi"] = True
+    if s_new and rng.random() < 0.5:
+        cfg["rotary"] = rng.choice(["inter", "neox"])
+    if cfg["page"] == 0 and rng.random() < 0.3:
+        cfg["batch_idx"] = True
+    if rng.random() < 0.3:
+        cfg["leftpad"] = [rng.randint(0, n + s_new - sq) for n in lens]
+    if rng.random() < 0.3:
+        cfg["num_splits"] = rng.choice([1, 2, 3, 8])
+    return cfg, [torch.float32, torch.bfloat16, torch.float16][index % 3]
+
+
+@pytest.mark.parametrize("index", range(18))
+def test_random_cache_combinations(index, device):
+    cfg, dtype = _random_cache_case(index)
+    test_flash_attn_with_kvcache(f"random{index}", cfg, dtype, device)
 
 def test_errors_name_the_argument():
     q = torch.randn(1, 1, 4, 64)
