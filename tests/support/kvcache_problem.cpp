@@ -30,6 +30,50 @@ KvCase make(std::string name, fa_dtype dtype, int64_t B, int64_t H, int64_t Hkv,
   return c;
 }
 
+// The fixed cases' options drawn together from a fixed seed (names random<N>_...):
+// page sizes 1-256 and none, GQA up to 8, Sq 1-16, append or not, rotary
+// (whole or half), batch indirection, left pads, masks, softcap, ALiBi and
+// forced splits, on head dims of every class.
+void add_random_cases(std::vector<KvCase>& cases, int count) {
+  std::mt19937 rng(5122026);
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto chance = [&](int percent) { return pick(1, 100) <= percent; };
+  const fa_dtype dtypes[3] = {FA_DTYPE_FP32, FA_DTYPE_BF16, FA_DTYPE_FP16};
+  const int dims[6] = {32, 64, 80, 96, 128, 256};
+  const int queries[5] = {1, 1, 2, 7, 16};
+  const int pages[7] = {0, 0, 1, 7, 16, 64, 256};
+  for (int i = 0; i < count; ++i) {
+    // One draw per statement: the order of a call's arguments is unspecified.
+    const int batch = pick(1, 3);
+    const int hkv = pick(1, 4);
+    const int group = 1 << pick(0, 3);
+    const int sq = queries[pick(0, 4)];
+    const int d = dims[pick(0, 5)];
+    std::vector<int32_t> seqlens;
+    for (int b = 0; b < batch; ++b) seqlens.push_back(chance(15) ? pick(0, 1) : chance(50) ? pick(1, 100) : pick(1, 800));
+    const int s_new = chance(50) ? sq : 0;
+    const int page = pages[pick(0, 6)];
+    KvCase c = make("random" + std::to_string(i) + "_" + dtype_name(dtypes[i % 3]), dtypes[i % 3], batch,
+                    hkv * group, hkv, sq, d, seqlens, s_new, page);
+    c.causal = chance(50);
+    if (s_new > 0 && chance(50)) {
+      c.rotary = chance(50) ? Rotary::kInterleaved : Rotary::kNeox;
+      c.rotary_dim = chance(50) ? 0 : d / 2;
+    }
+    c.batch_idx = page == 0 && chance(30);
+    if (chance(25))
+      for (int32_t filled : seqlens) c.leftpad.push_back(pick(0, filled));
+    if (chance(30)) {
+      c.window_left = chance(30) ? -1 : pick(0, 40);
+      c.window_right = chance(30) ? -1 : pick(0, 8);
+    }
+    if (chance(25)) c.softcap = chance(50) ? 5.0f : 30.0f;
+    c.alibi = chance(25);
+    if (chance(30)) c.num_splits = pick(1, 8);
+    cases.push_back(c);
+  }
+}
+
 std::vector<KvCase> build_cases() {
   std::vector<KvCase> cases;
   const fa_dtype f32 = FA_DTYPE_FP32, f16 = FA_DTYPE_FP16, b16 = FA_DTYPE_BF16;
@@ -135,6 +179,7 @@ std::vector<KvCase> build_cases() {
     c.causal = true, c.rotary = Rotary::kInterleaved, c.slow = true;
     cases.push_back(c);
   }
+  add_random_cases(cases, 16);
   return cases;
 }
 
