@@ -16,7 +16,10 @@ void expect_forward_matches_reference(const Problem& p);
 struct BackwardReference {
   BwdOut ref;     // fp64
   BwdOut naive;   // same precision as the case
-  double scale;   // the gradients' floor scale: max of |dQ|, |dK|, |dV| of ref
+  double scale;   // dV's floor scale: max of |dQ|, |dK|, |dV| of ref
+  // dQ's and dK's: also softmax scale * max(|Q|, |K|) * ref.ds_terms_max, the size those gradients
+  // take from the terms that dS cancels (FA2's D = dO . O rounds differently from dP = dO . V).
+  double ds_scale;
 };
 BackwardReference backward_reference(const Problem& p);
 

@@ -52,8 +52,10 @@ Problem make_problem(const Case& c, uint64_t seed);
 // +inf entries (LSE of empty rows) must match exactly; any other non-finite
 // value in `ours` fails. `scale` (when larger than max|ref|) sets the floor
 // instead: the backward passes the largest reference gradient of dQ, dK, dV,
-// because FA2's D_i = dO_i . O_i leaves absolute errors of eps * |dO| |O|
-// (the size of dV) in dS even where dQ, dK are exactly 0 (one visible key).
+// and for dQ, dK at least softmax scale * max(|Q|, |K|) * max|P dP|, because
+// FA2's D_i = dO_i . O_i rounds differently from dP = dO . V, which leaves
+// errors of eps * |dP| in dS even where dS, dQ, dK are exactly 0 (rows that see
+// one key), where the naive error is 0 too.
 struct ErrorReport {
   double ours = 0, naive = 0, floor = 0, bound = 0, ref_max = 0;
   int64_t worst = -1;        // index of the largest error of ours

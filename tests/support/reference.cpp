@@ -1,5 +1,6 @@
 #include "support/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -147,6 +148,8 @@ BwdOut backward_impl(const Geometry& g, const Semantics& s, const Numerics<T>& n
           p_dp += row.p[j] * dp[j];
         }
         for (int64_t j = 0; j < sk; ++j) {
+          const double terms = std::max(std::fabs(row.p[j] * dp[j]), std::fabs(row.p[j] * p_dp));
+          out.ds_terms_max = std::max(out.ds_terms_max, terms);
           T ds = num.rd(row.p[j] * (dp[j] - p_dp));
           if (cap > 0) {
             const T dt = num.rd(ds * cap);

@@ -43,6 +43,9 @@ struct FwdOut {
 };
 struct BwdOut {
   std::vector<double> dq, dk, dv;
+  // Largest |P_ij dP_ij| and |P_ij D_i|: the terms that dS = P (dP - D) cancels. Where they cancel
+  // exactly (a row that sees one key: dS = 0), an implementation's fp32 rounding of them remains.
+  double ds_terms_max = 0;
 };
 
 // dtype FA_DTYPE_FP32 selects fp64 math when `fp64` is set, else the same-precision version.
