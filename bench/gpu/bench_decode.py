@@ -11,8 +11,7 @@ reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a 
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
 launch of the decode kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again
 with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the
-default, two blocks per SM on paged caches); ours_deep_ms: ours again with FLASHATTN_DECODE_RING=deep
-(the deep ring where the grid has at most one block per SM on a contiguous cache).
+default, two blocks per SM on paged caches).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
@@ -171,8 +170,6 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
     with plain_stream_order():
         row["ours_plain_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    with environment("FLASHATTN_DECODE_RING", "deep"):
-        row["ours_deep_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     if reference is not None:  # another build of the library on the same caches, right after ours
         row["ref_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
         row["ours_ms_again"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
@@ -283,8 +280,7 @@ def main():
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
-                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us, "
-                  f"deep ring {row['ours_deep_ms'] * 1e3:.1f} us), "
+                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_ms', 0) / row['ours_ms']:.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())

@@ -45,7 +45,7 @@ def write_host(text, name):
 # needs the CUDA runtime.
 kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
                 "namespace flashattn::cuda::decode { constexpr int kKeysPerTile = 64; constexpr int kMaxSplits = 128; "
-                "constexpr int kMaxHeadDimV = 256; enum class Ring { kCompact, kStandard, kDeep }; }\n")
+                "constexpr int kMaxHeadDimV = 256; enum class Ring { kCompact, kStandard }; }\n")
 write_host(kk, "kvcache_kernel_host.hpp")
 for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
                      ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):

@@ -86,9 +86,6 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
     const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
     plan->splits = choose_splits(blocks, p.capacity, slots);
   }
-  // A grid of at most one block per SM leaves each SM the shared memory of a second block, which
-  // the deep ring's instance spends on more slabs in flight (contiguous caches, run_kvcache).
-  plan->one_block_per_sm = blocks * plan->splits <= sm_count;
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);

@@ -148,20 +148,14 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
-    using Deep = SplitKvMmaTraits<Element, kHeadDim, Ring::kDeep>;
     using Standard = SplitKvMmaTraits<Element, kHeadDim, Ring::kStandard>;
     // At hdim 64 the compact ring has the standard one's stages: no second copy of its kernels.
     using CompactTraits = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
     using Compact = std::conditional_t<CompactTraits::kStages == Standard::kStages, Standard, CompactTraits>;
     const CacheWalk walk = cache_walk(p);
-    const Ring allowed = deepest_ring_allowed();
-    // hdim 128: the deep ring's 200 KiB fit an H100/H200 block, not an A100's 163 KiB; the standard
-    // ring's 104 KiB not an sm_86/sm_89 block's 99 KiB.
-    if (allowed == Ring::kDeep && plan.one_block_per_sm && walk == CacheWalk::kContiguous &&
-        Deep::smem_bytes() <= smem_per_block) {
-      FA_TRY(launch_split_kv<Deep>(split_kv_mma_kernel<Deep, Element, CacheWalk::kContiguous>, p, plan, o_partial,
-                                   lse_partial, appended, stream));
-    } else if (allowed != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
+    const Ring requested = requested_ring();
+    // hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB.
+    if (requested != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
       FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
     } else {
       FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));

@@ -75,21 +75,16 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
   return forced > 0 ? forced : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
-// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kDeep where
-// allowed, the plan has at most one block per SM on a contiguous cache and the device's shared
-// memory per block holds it, else kStandard where it fits, else kCompact.
-enum class Ring { kCompact, kStandard, kDeep };
+// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kStandard
+// where the device's shared memory per block holds it, else kCompact. (A deeper ring for grids of
+// one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
+enum class Ring { kCompact, kStandard };
 
-// FLASHATTN_DECODE_RING=deep, standard or compact: the deepest ring allowed, read per call. Unset or
-// other: kStandard. The deep ring is opt-in until a GPU run has timed it against the standard one
-// (dev/kvcache_decode.md v15; bench_decode.py's ours_deep_ms); compact runs the sm_86/sm_89
-// instance on a GPU that fits more.
-inline Ring deepest_ring_allowed() {
+// FLASHATTN_DECODE_RING=compact runs the sm_86/sm_89 instance on a GPU that fits more (the tests
+// compare it with the standard one), read per call; unset or other: kStandard.
+inline Ring requested_ring() {
   const char* value = std::getenv("FLASHATTN_DECODE_RING");
-  if (value == nullptr) return Ring::kStandard;
-  return std::strcmp(value, "deep") == 0      ? Ring::kDeep
-         : std::strcmp(value, "compact") == 0 ? Ring::kCompact
-                                              : Ring::kStandard;
+  return value != nullptr && std::strcmp(value, "compact") == 0 ? Ring::kCompact : Ring::kStandard;
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
@@ -98,7 +93,6 @@ struct KvCachePlan {
   int splits = 1;
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
-  bool one_block_per_sm = false;  // the grid fits one wave of one block per SM (the deep ring may run)
   int smem_per_block = 0;         // the device's opt-in shared memory per block (which ring fits)
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };

@@ -45,11 +45,7 @@
 namespace flashattn::cuda::decode {
 
 // The ring's depth (kvcache_launch.hpp, Ring): kStandard fits two blocks per SM on an H100/A100;
-// kDeep is for a grid of at most one block per SM (the split heuristic's plan on a contiguous cache
-// at small B * Hkv): the shared memory of a second block goes to the ring instead, five slabs in
-// flight per warp at hdim 128 (seven at 64) where two (three) are, so that a split of a few slabs
-// has all of them requested at once and a longer one keeps more bytes in flight per SM; kCompact,
-// one slab in flight at hdim 128, fits the 99 KiB of an sm_86/sm_89 block.
+// kCompact, one slab in flight at hdim 128, fits the 99 KiB of an sm_86/sm_89 block.
 template <typename Element, int kHeadDim_, Ring kRing_ = Ring::kStandard>
 struct SplitKvMmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -66,14 +62,12 @@ struct SplitKvMmaTraits {
   static constexpr int kLaneKeys = kSlabKeys * kRowChunks / 32;  // keys whose chunk a lane copies per slab
   static constexpr int kStageBytes = 2 * kSlabKeys * kRowBytes;  // K then V, (kSlabKeys, kRowBytes) each
   // Slabs per warp, kStages - 1 of them in flight.
-  static constexpr int kStages = kRing == Ring::kDeep      ? (kHeadDim <= 64 ? 8 : 6)
-                                 : kRing == Ring::kCompact ? (kHeadDim <= 64 ? 4 : 2)
-                                                           : (kHeadDim <= 64 ? 4 : 3);
+  static constexpr int kStages = kRing == Ring::kCompact ? (kHeadDim <= 64 ? 4 : 2) : (kHeadDim <= 64 ? 4 : 3);
   static constexpr int kKeysPerBlockIter = kWarps * kSlabKeys;
   static constexpr int kMinBlocks = kRing == Ring::kStandard ? 2 : 1;
   static_assert(kHeadDim % 64 == 0, "the dim orders above need 64-dim halves");
   static_assert(kKeysPerBlockIter == kKeysPerTile, "splits come in whole block steps");
-  // Ring (kWarps, kStages, kStageBytes): at hdim 128 96 KiB (2 blocks per SM), deep 192, compact 64; then Q
+  // Ring (kWarps, kStages, kStageBytes): at hdim 128 96 KiB (2 blocks per SM), compact 64; then Q
   // staged as fp32 (kRows, kHeadDim) for the fragments. The ring becomes the merge buffer after the loop.
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }
   static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
