@@ -1,12 +1,11 @@
 """A/B of CPU builds or settings of flashattn in one process: forward and forward+backward GFLOP/s.
 
 Each arm is LABEL=LIB[:NAME=VALUE,...]: a library and environment variables set before each of its calls
-(knobs read per call, e.g. FLASHATTN_CPU_SPIN_US). Arms run interleaved per repetition (a, b, c, a, b,
+(for knobs that a build reads per call). Arms run interleaved per repetition (a, b, c, a, b,
 c, ...) after one warm-up each, so that load from other processes hits all alike; medians are printed
 with each arm's ratio to the first.
 
-usage: python3 bench/cpu_ab.py --threads 16 base=build-ref/libflashattn.so new=build/libflashattn.so \
-           spin20=build/libflashattn.so:FLASHATTN_CPU_SPIN_US=20
+usage: python3 bench/cpu_ab.py --threads 16 base=build-ref/libflashattn.so new=build/libflashattn.so
 """
 import argparse
 import os

@@ -20,7 +20,6 @@
 #include <algorithm>
 
 #include "cpu/scratch.hpp"
-#include "cpu/team_barrier.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace flashattn {
@@ -168,19 +167,15 @@ void group_grads(Isa& isa, const BwdParams& p, const BwdGroupScratch& w, int64_t
 }
 
 // Groups are handed out dynamically: which thread takes one changes nothing
-// in its bits. The team has at most one thread per group. A TeamBarrier
-// before the region's end keeps its closing barrier from spinning while the
-// last groups run (see run_fwd).
+// in its bits. The team has at most one thread per group.
 template <class Isa>
 fa_status run_bwd_groups(const BwdParams& p, void* workspace) {
   char* thread_base = align_workspace(workspace) + bwd_shared_bytes(p);
   const size_t thread_bytes = bwd_thread_bytes(p);
   const int64_t groups = p.batch * p.heads_kv;
   const int team = team_size(p, groups);
-  TeamBarrier barrier;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    barrier.join(omp_get_num_threads());
     ScratchArena arena(thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes);
     const BwdGroupScratch w = carve_bwd_group(arena, p);
     Isa isa(w.isa);
@@ -190,7 +185,6 @@ fa_status run_bwd_groups(const BwdParams& p, void* workspace) {
 #pragma omp single nowait
       zero_unused_rows<Isa>(p, w.row_tmp);
     }
-    barrier.arrive_and_wait();
   }
   return FA_OK;
 }

@@ -49,7 +49,6 @@
 
 #include "cpu/bwd_group.hpp"
 #include "cpu/scratch.hpp"
-#include "cpu/team_barrier.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace flashattn {
@@ -82,8 +81,7 @@ void stage_query_chunk(const BwdParams& p, const StagedQ& sq, const Sequence& se
 }
 
 // Query head h's rows (and, with_kv, the kv head's K and V rows) staged by
-// the team in one worksharing loop without a closing barrier; the caller's
-// TeamBarrier publishes them.
+// the team in one worksharing loop, whose closing barrier publishes them.
 template <class Isa>
 void stage_step(const BwdParams& p, const StagedQ& sq, const StagedKv& kv, const Sequence& seq, int64_t b,
                 int64_t h, bool with_kv, float* row_tmp) {
@@ -93,7 +91,7 @@ void stage_step(const BwdParams& p, const StagedQ& sq, const StagedKv& kv, const
   const RowsView v_rows = rows_view(p.v, p.dtype, p.v_layout, b, seq.k_row0, h_kv);
   const int64_t q_chunks = ceil_div(seq.seqlen_q, kBlockM);
   const int64_t k_chunks = with_kv ? ceil_div(seq.seqlen_k, kBlockN) : 0;
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(static)
   for (int64_t chunk = 0; chunk < q_chunks + 2 * k_chunks; ++chunk) {
     if (chunk < q_chunks) {
       stage_query_chunk<Isa>(p, sq, seq, b, h, chunk, row_tmp);
@@ -301,7 +299,7 @@ void bwd_q_tile(Isa& isa, const BwdParams& p, const BwdQScratch& w, const Staged
 // in one dynamic loop. The next step stages into the other buffers, which
 // no thread still reads: every thread passed this step's staging barrier,
 // so all finished the previous step. Threads: team_size, capped by the
-// largest step's final loop. The barriers are TeamBarrier's (see run_fwd).
+// largest step's final loop (see run_fwd on spinning waits).
 template <class Isa>
 fa_status run_bwd_split(const BwdParams& p, void* workspace) {
   char* base = align_workspace(workspace);
@@ -321,10 +319,8 @@ fa_status run_bwd_split(const BwdParams& p, void* workspace) {
     max_items = std::max(max_items, ceil_div(seq.seqlen_k, kBlockN * kKvTilesPerItem) + group * ceil_div(seq.seqlen_q, kBlockM));
   }
   const int team = team_size(p, max_items);
-  TeamBarrier barrier;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    barrier.join(omp_get_num_threads());
     char* mine = thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes;
     ScratchArena kv_arena(mine), q_arena(mine);
     const BwdKvScratch kv_w = carve_bwd_kv(kv_arena, p);
@@ -340,14 +336,11 @@ fa_status run_bwd_split(const BwdParams& p, void* workspace) {
         const StagedKv& kv = staged_kv[step % 2];
         const int64_t h0 = h_kv * group;
         stage_step<Isa>(p, sq, kv, seq, b, h0, true, kv_w.row_tmp);
-        barrier.arrive_and_wait();
         for (int64_t g = 0; g + 1 < group; ++g) {
-#pragma omp for schedule(dynamic, 1) nowait
+#pragma omp for schedule(dynamic, 1)
           for (int64_t kv_item = 0; kv_item < kv_items; ++kv_item)
             bwd_kv_tiles<Isa>(kv_isa, p, kv_w, sq, seq, b, h0 + g, kv_item * kKvTilesPerItem * kBlockN, g == 0, false);
-          barrier.arrive_and_wait();
           stage_step<Isa>(p, sq, kv, seq, b, h0 + g + 1, false, kv_w.row_tmp);
-          barrier.arrive_and_wait();
         }
         // Pass-1 items first (under a causal mask the first K/V tiles see
         // the most queries), then dQ items, last Q tiles first.
@@ -368,7 +361,6 @@ fa_status run_bwd_split(const BwdParams& p, void* workspace) {
 #pragma omp single nowait
       zero_unused_rows<Isa>(p, q_w.row_tmp);
     }
-    barrier.arrive_and_wait();
   }
   return FA_OK;
 }

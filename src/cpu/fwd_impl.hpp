@@ -28,7 +28,6 @@
 #include <cmath>
 
 #include "cpu/scratch.hpp"
-#include "cpu/team_barrier.hpp"
 #include "cpu/tile_ops.hpp"
 
 namespace flashattn {
@@ -257,9 +256,8 @@ void fwd_q_tile(Isa& isa, const FwdParams& p, const FwdScratch& w, const StagedK
 // next step into the other buffer. Staging step s + 2 reuses this step's
 // buffer, and no thread starts it before all have passed the barrier of step
 // s + 1, i.e. finished their items of step s. One barrier per step, and no
-// more threads than team_size allows. The barriers are TeamBarrier's, which
-// sleep where OpenMP's spin, and one more before the region's end keeps its
-// closing barrier from spinning while the last items run.
+// more threads than team_size allows: with spinning OpenMP waits on an
+// oversubscribed machine each barrier can cost a scheduler slice.
 template <class Isa>
 fa_status run_fwd(const FwdParams& p, void* workspace) {
   char* base = align_workspace(workspace);
@@ -273,10 +271,8 @@ fa_status run_fwd(const FwdParams& p, void* workspace) {
   for (int64_t b = 0; b < p.batch; ++b)
     max_items = std::max(max_items, per_step * group * ceil_div(sequence_of(p, b).seqlen_q, kBlockM));
   const int team = team_size(p, max_items);
-  TeamBarrier barrier;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    barrier.join(omp_get_num_threads());
     ScratchArena arena(thread_base + static_cast<size_t>(omp_get_thread_num()) * thread_bytes);
     const FwdScratch w = carve_fwd(arena, p);
     Isa isa(w.isa);
@@ -289,7 +285,6 @@ fa_status run_fwd(const FwdParams& p, void* workspace) {
         const StagedKvHeads& kv = staged[step % 2];
         const int64_t heads = std::min(per_step, p.heads_kv - h_kv0);
         stage_kv<Isa>(p, seq, b, h_kv0, heads, kv);
-        barrier.arrive_and_wait();
         // Last Q tiles (of every head) first: under a causal mask they see
         // the most keys, and starting with them balances the dynamic schedule.
         const int64_t q_heads = heads * group;
@@ -301,7 +296,6 @@ fa_status run_fwd(const FwdParams& p, void* workspace) {
         }
       }
     }
-    barrier.arrive_and_wait();
   }
   return FA_OK;
 }

@@ -106,14 +106,14 @@ void load_tile_transposed(const RowsView& src, int64_t first_row, int rows, int 
 
 // K and V rows of kv heads [h_kv0, h_kv0 + heads) of sequence b into the
 // team's shared buffers, and with an AMX dtype each chunk packed as an A
-// operand (K, and V transposed: StagedKvHeads): one worksharing loop without
-// a closing barrier; the caller's TeamBarrier publishes them.
+// operand (K, and V transposed: StagedKvHeads): one worksharing loop whose
+// closing barrier publishes them.
 template <class Isa>
 void stage_kv(const AttnParams& p, const Sequence& seq, int64_t b, int64_t h_kv0, int64_t heads,
               const StagedKvHeads& kv) {
   const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
   const int64_t chunks = ceil_div(seq.seqlen_k, kBlockN);
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(static)
   for (int64_t chunk = 0; chunk < 2 * heads * chunks; ++chunk) {
     const int64_t head = chunk / (2 * chunks);
     const bool is_v = chunk / chunks % 2 == 1;
