@@ -83,6 +83,8 @@ def run_case(fa, b, h, n, d, dtype, causal, threads, reps):
 def openmp_runtimes():
     """The OpenMP runtimes mapped into this process. torch's and ours should be one libgomp: with two,
     each keeps its own pool of threads, and one pool's spinning waits run beside the other's work."""
+    if not os.path.exists("/proc/self/maps"):  # not Linux
+        return []
     with open("/proc/self/maps") as maps:
         paths = {line.split()[-1] for line in maps if len(line.split()) >= 6}
     return sorted(p for p in paths if any(name in os.path.basename(p) for name in ("gomp", "iomp", "libomp")))
@@ -102,7 +104,7 @@ def main():
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.reps} interleaved, "
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     fa = FlashAttn()
-    runtimes = openmp_runtimes() if os.path.exists("/proc/self/maps") else []
+    runtimes = openmp_runtimes()
     print(f"OpenMP runtimes in this process: {', '.join(runtimes) or 'none found'}", flush=True)
     header = f"{'B,H,N,D':<14} {'dtype':<9} {'causal':<6} | {'torch fwd':>9} {'ours fwd':>9} {'x':>5} | " \
              f"{'torch f+b':>9} {'ours f+b':>9} {'x':>5} | {'max diff':>8}"
@@ -121,9 +123,9 @@ def main():
                       flush=True)
     if args.json:
         end_load = os.getloadavg()
-        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "openmp_runtimes": runtimes, "load_start": load,
-                                               "load_end": end_load,
-                                               "reps": args.reps, "results": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "openmp_runtimes": runtimes,
+                                               "load_start": load, "load_end": end_load, "reps": args.reps,
+                                               "results": rows}, indent=1))
     print(f"load at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
