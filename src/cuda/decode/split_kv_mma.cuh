@@ -131,66 +131,103 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Q rows r0 .. r0 + nrows - 1 of (batch row b, kv head hkv), rotated and
-// rounded to the element type (as the cache holds k), zero past D and for
-// padding rows, into q_stage (kRows, kHeadDim) fp32. Thread tid stages dim
-// tid % kHeadDim of rows tid / kHeadDim + k * kRowStep. The loads of a thread
-// are independent and go out together (one thread gathering its fragments
-// element by element took ~25 us per block); the plain path is short and
-// branch-free because every block runs it once, cold: the first version
-// unrolled the rotary code and a 64-bit division per element, and the first
-// K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix;
-// 13 KiB since the kernel stages Q after issuing its first slabs).
+// The packed Q rows a thread stages: dim tid % kHeadDim of rows tid / kHeadDim + k * kRowStep, with
+// the element offset of each row stepped along (one division at the start, none per row).
 template <typename Traits, typename Element>
-__device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
-                                              int64_t r0, int nrows, float* q_stage) {
-  constexpr int kHeadDim = Traits::kHeadDim, kRowStep = Traits::kThreads / kHeadDim;
-  constexpr int kRowsPerThread = Traits::kRows / kRowStep;
+struct QueryRowWalk {
+  static constexpr int kHeadDim = Traits::kHeadDim, kRowStep = Traits::kThreads / kHeadDim;
+  static constexpr int kRowsPerThread = Traits::kRows / kRowStep;
   static_assert(Traits::kThreads % kHeadDim == 0 && Traits::kRows % kRowStep == 0, "whole rows per pass");
-  const int d = threadIdx.x % kHeadDim, r_first = threadIdx.x / kHeadDim;
-  const uint32_t group = static_cast<uint32_t>(p.heads) / static_cast<uint32_t>(p.heads_kv);
-  const int heads_per_kv = static_cast<int>(group);
+
+  int d, r_first, head, heads_per_kv;
+  int64_t query, offset, wrap_step, head_step;
+  const Element* q_group;  // (b, first head of the group), dim d
+  bool present;            // d < head_dim
+
   // Packed row r is query (r0 + r) / G, head hkv G + (r0 + r) % G: one (32-bit) division, then
   // steps that move the element offset by a head, or to the next query's first head of the group.
-  int64_t query = static_cast<uint32_t>(r0 + r_first) / group;
-  int head = static_cast<int>(static_cast<uint32_t>(r0 + r_first) % group);
-  const Element* q_group =
-      static_cast<const Element*>(p.q) + b * p.q_layout.batch + hkv * heads_per_kv * p.q_layout.head + d;
-  int64_t offset = query * p.q_layout.row + head * p.q_layout.head;
-  const int64_t wrap_step = p.q_layout.row - (heads_per_kv - 1) * p.q_layout.head;
-  const bool present = d < p.head_dim;
-  auto next_row = [&]() {  // kRowStep packed rows on, without a branch
+  __device__ __forceinline__ QueryRowWalk(const KvCacheParams& p, int64_t b, int64_t hkv, int64_t r0) {
+    d = threadIdx.x % kHeadDim;
+    r_first = threadIdx.x / kHeadDim;
+    const uint32_t group = static_cast<uint32_t>(p.heads) / static_cast<uint32_t>(p.heads_kv);
+    heads_per_kv = static_cast<int>(group);
+    query = static_cast<uint32_t>(r0 + r_first) / group;
+    head = static_cast<int>(static_cast<uint32_t>(r0 + r_first) % group);
+    q_group = static_cast<const Element*>(p.q) + b * p.q_layout.batch + hkv * heads_per_kv * p.q_layout.head + d;
+    offset = query * p.q_layout.row + head * p.q_layout.head;
+    head_step = p.q_layout.head;
+    wrap_step = p.q_layout.row - (heads_per_kv - 1) * p.q_layout.head;
+    present = d < p.head_dim;
+  }
+  __device__ __forceinline__ bool real(int k, int nrows) const { return r_first + k * kRowStep < nrows; }
+  __device__ __forceinline__ int stage_index(int k) const { return (r_first + k * kRowStep) * kHeadDim + d; }
+  __device__ __forceinline__ void next_row() {  // kRowStep packed rows on, without a branch
 #pragma unroll
     for (int step = 0; step < kRowStep; ++step) {
       const bool wraps = head + 1 == heads_per_kv;
       head = wraps ? 0 : head + 1;
       query += wraps ? 1 : 0;
-      offset += wraps ? wrap_step : p.q_layout.head;
+      offset += wraps ? wrap_step : head_step;
     }
-  };
-  // The row steps stop at the last real row (a warp's rows are uniform): a GQA-4 decode block has 4
-  // real rows of 16, and the stepping chain over all of them was ~300 dependent instructions of
-  // every call's fixed cost (dev/kvcache_decode.md v14). Padding rows stay 0.
+  }
+};
+
+// A thread's Q elements as loaded (zero past D and for padding rows), held in registers from the
+// kernel's entry until turn 0 stores them: the loads go out before the first K/V copies, so they do
+// not queue behind the first wave of slabs (ncu source pages, dev/kvcache_decode.md session 22:
+// 28-37 % of the stall samples at B = 1 4k were on Q's first use when it was loaded after the copies),
+// and nothing uses them before the copies are out.
+template <typename Traits, typename Element>
+struct QueryElements {
+  Element values[QueryRowWalk<Traits, Element>::kRowsPerThread] = {};
+};
+
+// Issues the loads of Q's plain path (no rotary: the rotary path loads in stage_queries). The row
+// steps stop at the last real row (a warp's rows are uniform): a GQA-4 decode block has 4 real rows
+// of 16, and the stepping chain over all of them was ~300 dependent instructions of every call's
+// fixed cost (dev/kvcache_decode.md v14).
+template <typename Traits, typename Element>
+__device__ __forceinline__ QueryElements<Traits, Element> load_queries(const KvCacheParams& p, int64_t b, int64_t hkv,
+                                                                      int64_t r0, int nrows) {
+  QueryElements<Traits, Element> loaded;
+  if (p.rotary_cos != nullptr) return loaded;
+  QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
+#pragma unroll
+  for (int k = 0; k < QueryRowWalk<Traits, Element>::kRowsPerThread; ++k) {
+    if (!walk.real(k, nrows)) break;
+    if (walk.present) loaded.values[k] = walk.q_group[walk.offset];
+    walk.next_row();
+  }
+  return loaded;
+}
+
+// Q rows r0 .. r0 + nrows - 1 of (batch row b, kv head hkv), rotated and rounded to the element
+// type (as the cache holds k), zero past D and for padding rows, into q_stage (kRows, kHeadDim)
+// fp32: the plain path stores `loaded`; the rotary path loads, rotates and stores. The loads of a
+// thread are independent and go out together (one thread gathering its fragments element by
+// element took ~25 us per block); the plain path is short and branch-free because every block runs
+// it once, cold: the first version unrolled the rotary code and a 64-bit division per element, and
+// the first K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix; 13 KiB
+// since the kernel stages Q after issuing its first slabs).
+template <typename Traits, typename Element>
+__device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
+                                              int64_t r0, int nrows, const QueryElements<Traits, Element>& loaded,
+                                              float* q_stage) {
+  constexpr int kRowsPerThread = QueryRowWalk<Traits, Element>::kRowsPerThread;
   if (p.rotary_cos == nullptr) {
-    float values[kRowsPerThread];
+    const QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
 #pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) values[k] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      if (r_first + k * kRowStep >= nrows) break;
-      if (present) values[k] = to_float(q_group[offset]);
-      next_row();
-    }
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) q_stage[(r_first + k * kRowStep) * kHeadDim + d] = values[k];
-  } else {
+    for (int k = 0; k < kRowsPerThread; ++k) q_stage[walk.stage_index(k)] = to_float(loaded.values[k]);
+    return;
+  }
+  QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
 #pragma unroll 4
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const bool real = present && r_first + k * kRowStep < nrows;
-      q_stage[(r_first + k * kRowStep) * kHeadDim + d] =
-          real ? rotated_element(p, q_group + offset - d, d, query_rotary_position(p, row, query)) : 0.0f;
-      next_row();
-    }
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const bool real = walk.present && walk.real(k, nrows);
+    q_stage[walk.stage_index(k)] =
+        real ? rotated_element(p, walk.q_group + walk.offset - walk.d, walk.d, query_rotary_position(p, row, walk.query))
+             : 0.0f;
+    walk.next_row();
   }
 }
 
@@ -220,6 +257,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t first_row = blockIdx.y * kRows;  // packed row r0 + r: query (r0 + r) / G, head hkv G + (r0 + r) % G
   const int64_t r0 = first_row;
   const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
+  // Q's loads first, before the cache length's (bounded_row): neither waits for the other. Not in
+  // the short-pages walk, whose streams' bookkeeping left no registers to hold Q (16 bytes of spills
+  // at hdim 128), and whose pages of under 16 rows are rare: it loads Q in turn 0.
+  constexpr bool kShortPages = kWalk == CacheWalk::kShortPages;
+  const QueryElements<Traits, Element> q_loaded =
+      kShortPages ? QueryElements<Traits, Element>{} : load_queries<Traits, Element>(p, b, hkv, r0, nrows);
   const CacheRow row = bounded_row(p, b);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
@@ -240,7 +283,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr int kStreams = Traits::kLaneKeys;
   constexpr int kStreamSpan = (kStreams - 1) * kKeysPerCopy;  // a lane's last stream, rows after its first
   static_assert(kStreamSpan < kSlabKeys, "a page of kSlabKeys rows holds a lane's streams or splits them once");
-  constexpr bool kPaged = kWalk != CacheWalk::kContiguous, kShortPages = kWalk == CacheWalk::kShortPages;
+  constexpr bool kPaged = kWalk != CacheWalk::kContiguous;
   const int c_lane = lane % kRowChunks;
   const int base0 = keys_begin + warp * kSlabKeys;
   const Element* k_lane = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * c_lane;
@@ -435,7 +478,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   int key_lo[2], key_hi[2], diagonal[2];
   float slope[2];
   auto stage_query_fragments = [&]() {
-    stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows, q_stage);
+    stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows,
+                                   kShortPages ? load_queries<Traits, Element>(p, b, hkv, r0, nrows) : q_loaded,
+                                   q_stage);
     __syncthreads();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -559,8 +604,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Step n of this warp is the slab at base0 + n * kKeysPerBlockIter; kStages - 1 slabs in flight.
   // The first kStages - 1 turns only issue: one loop, so the code of issue() and compute()
   // exists once (a block with few keys runs it cold, and instruction fetch was its cost).
-  // Turn 0 stages Q after its issue: the K/V copies need no Q, so Q's global loads wait out the
-  // same DRAM round trip as the first slabs instead of coming before it. Q has its own shared
+  // Turn 0 stages Q (loaded at the entry) after its issue: the stores wait for nothing by then, and
+  // the copies went out before them. Q has its own shared
   // memory (smem_bytes()), apart from the ring the copies fill. Every warp runs turn 0, even one
   // without a slab, because the staging ends in a block barrier.
   constexpr int stride = Traits::kKeysPerBlockIter;
