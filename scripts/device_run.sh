@@ -99,13 +99,32 @@ fi
 # bench_gpu.py arguments such as "--dims 128") times both builds in the same rounds (bench_gpu.py
 # --reference-lib); FA_REFERENCE_BENCH=0 only builds it. A decode
 # stage in the same call times build-ref's decode too (a build-ref left by an earlier call is not used).
+# FA_REFERENCE_SRC may name more trees, separated by spaces: the second is built in build-ref2 and so
+# on, and only the decode stage times those (columns ref2_ms, ...).
+DECODE_REFERENCES=()
 if has_stage reference; then
   start=$(date +%s)
-  cmake -S "${FA_REFERENCE_SRC:?a source tree to compare against}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  read -r -a reference_trees <<<"${FA_REFERENCE_SRC:?a source tree to compare against}"
+  for i in "${!reference_trees[@]}"; do
+    [ "$i" = 0 ] && continue
+    dir=build-ref$((i + 1))
+    cmake -S "${reference_trees[$i]}" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+      -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >"$OUT/reference_build.log" 2>&1 &&
+      ninja -C "$dir" -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1 ||
+      note "== reference build $dir FAILED"
+  done
+  cmake -S "${reference_trees[0]}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
-    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >"$OUT/reference_build.log" 2>&1 &&
+    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/reference_build.log" 2>&1 &&
     ninja -C build-ref -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
-  if [ $? -ne 0 ]; then
+  reference_status=$?
+  [ "$reference_status" = 0 ] && DECODE_REFERENCES+=(--reference-lib build-ref/libflashattn.so)
+  for i in "${!reference_trees[@]}"; do
+    [ "$i" != 0 ] && [ -f "build-ref$((i + 1))/libflashattn.so" ] &&
+      DECODE_REFERENCES+=(--reference-lib "build-ref$((i + 1))/libflashattn.so")
+  done
+  if [ "$reference_status" != 0 ]; then
     note "== reference build FAILED"; grep -m10 -A3 error "$OUT/reference_build.log" >>"$SUMMARY"
   elif [ "${FA_REFERENCE_BENCH:-1}" = 0 ]; then
     note "== reference build only (FA_REFERENCE_BENCH=0): $(( $(date +%s) - start )) s"
@@ -160,7 +179,7 @@ fi
 # Decode (Sq = 1) against a device-to-device copy and torch SDPA on the same cache.
 if has_stage decode; then
   PYTHONUNBUFFERED=1 timeout "${FA_DECODE_TIMEOUT:-240}" python3 bench/gpu/bench_decode.py --lib build/libflashattn.so \
-    --out "$OUT" ${FA_DECODE_ARGS:-} $(has_stage reference && [ -f build-ref/libflashattn.so ] && echo --reference-lib build-ref/libflashattn.so) >"$OUT/decode_table.txt" 2>&1
+    --out "$OUT" ${FA_DECODE_ARGS:-} "${DECODE_REFERENCES[@]}" >"$OUT/decode_table.txt" 2>&1
   note "== decode benchmark exit $?"
   cat "$OUT/decode_table.txt" >>"$SUMMARY"
 fi

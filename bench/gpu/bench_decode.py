@@ -155,7 +155,7 @@ def make_paged(k_cache, v_cache, page):
     return k_pages, v_pages, order.view(b, blocks).to(torch.int32)
 
 
-def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True, reference=None):
+def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True, references=()):
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
     row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies)
@@ -170,8 +170,9 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
     with plain_stream_order():
         row["ours_plain_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    if reference is not None:  # another build of the library on the same caches, right after ours
-        row["ref_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    for label, reference in references:  # other builds of the library on the same caches, right after ours
+        row[f"{label}_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    if references:
         row["ours_ms_again"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     q, k_cache, v_cache, out = caches[0]
     qh, kh, vh = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
@@ -261,13 +262,16 @@ def main():
     parser.add_argument("--lib", default=None)
     parser.add_argument("--out", default=".")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reference-lib", default=None,
+    parser.add_argument("--reference-lib", action="append", default=[],
                         help="another build (e.g. the previous commit): its contiguous decode timed on the same "
-                             "caches between two timings of ours (columns ref_ms, ours_ms_again)")
+                             "caches between two timings of ours (columns ref_ms, ours_ms_again); repeat it for "
+                             "more builds (ref2_ms, ref3_ms, ...)")
     args = parser.parse_args()
     kv = KvCache(FlashAttn(args.lib))
-    reference = KvCache(FlashAttn(args.reference_lib)) if args.reference_lib else None
+    references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
+                  for i, lib in enumerate(args.reference_lib)]
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    result["references"] = {label: lib for (label, _), lib in zip(references, args.reference_lib)}
     result["copy_GBps"] = copy_bandwidth()
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)", flush=True)
     rows = []
@@ -275,7 +279,7 @@ def main():
         for S in (4096, 32768, 131072):
             if args.quick and B * S > 8 * 32768:
                 continue
-            row = bench_config(kv, B, S, reference=reference)
+            row = bench_config(kv, B, S, references=references)
             row["ours_vs_copy"] = row["ours_GBps"] / result["copy_GBps"]
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
@@ -284,8 +288,8 @@ def main():
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_ms', 0) / row['ours_ms']:.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
-                  + (f"; reference build {row['ref_ms'] * 1e3:.1f} us, ours again {row['ours_ms_again'] * 1e3:.1f} us"
-                     if reference else ""), flush=True)
+                  + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references)
+                  + (f", ours again {row['ours_ms_again'] * 1e3:.1f} us" if references else ""), flush=True)
     result["decode"] = rows
     for B, S in ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)):
         name = f"split_sweep_B{B}_S{S // 1024}k"

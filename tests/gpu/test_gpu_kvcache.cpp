@@ -2,15 +2,19 @@
 // (fp32 cases run as bf16): O and LSE within the 2x rule of the fp64
 // reference on the gathered cache, the appended cache byte for byte, outputs
 // poisoned on the device, the exact workspace, every split count from 1 to
-// the maximum agreeing with no split, and consecutive calls in a CUDA graph.
+// the maximum agreeing with no split, consecutive calls in a CUDA graph, and a
+// call right after a kernel that writes its inputs late.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "device_problem.hpp"
+#include "late_writer.hpp"
 #include "support/kvcache_problem.hpp"
 
 namespace fatest::gpu {
@@ -218,6 +222,72 @@ TEST(GpuKvCacheGraph, ConsecutiveCallsReplayEager) {
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// On sm_90 every decode kernel is a programmatic dependent launch, the call's first one too
+// (kvcache_launch.cuh): it may start while the stream's previous kernel runs, and must wait for it
+// before its first global read. Here that previous kernel lets it start at once and then, 200 us
+// later, writes the call's inputs: before, the device holds NaN queries and new rows and zero cache
+// lengths. The call must give the bytes of an eager call on the real inputs (out, lse and the
+// appended cache). Below sm_90 the launches are in plain stream order and this holds trivially.
+TEST(GpuKvCacheEarlyLaunch, WaitsForThePreviousKernelsWrites) {
+  FA_GPU_TEST_OR_SKIP();
+  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_bf16_decode_noappend"}) {
+    SCOPED_TRACE(name);
+    KvCase c = kvcache_case(name);
+    ASSERT_EQ(c.name, name);
+    c.num_splits = 4;
+    KvProblem p = make_kv_problem(c);
+    p.poison_outputs();
+    KvMirror mirror(p);
+    ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
+    cudaStream_t stream = nullptr;
+    FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    fa_kvcache_args args = mirror.args();
+    args.opts.stream = stream;
+    size_t bytes = 0;
+    ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
+    DeviceBuffer workspace(bytes);
+    FA_CUDA_ASSERT(cudaDeviceSynchronize());
+    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download();
+    expect_kvcache_matches(p);
+    const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
+
+    struct Input {
+      const HostTensor& host;
+      void* device;
+      int poison_byte;
+    };
+    const Input inputs[] = {{p.q, args.q.data, 0xFF},
+                            {p.cache_seqlens, args.cache_seqlens.data, 0},
+                            {p.k_new, args.k_new.data, 0xFF},
+                            {p.v_new, args.v_new.data, 0xFF}};
+    static_assert(std::size(inputs) <= kMaxLateCopies, "one region per input");
+    std::vector<std::unique_ptr<DeviceBuffer>> real_inputs;
+    LateCopy copies[kMaxLateCopies];
+    int regions = 0;
+    for (const Input& input : inputs) {
+      const size_t size = input.host.bytes().size();
+      if (input.device == nullptr || size == 0) continue;
+      real_inputs.push_back(std::make_unique<DeviceBuffer>(size));
+      FA_CUDA_ASSERT(cudaMemcpy(real_inputs.back()->data, input.device, size, cudaMemcpyDeviceToDevice));
+      FA_CUDA_ASSERT(cudaMemset(input.device, input.poison_byte, size));
+      copies[regions++] = {input.device, real_inputs.back()->data, size};
+    }
+    ASSERT_GE(regions, 2) << "q and cache_seqlens at least";
+    p.poison_outputs();
+    mirror.upload_outputs();  // synchronizes the device: the poison has landed
+    FA_CUDA_ASSERT(launch_late_copies(copies, 200'000, stream));
+    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    mirror.download();
+    EXPECT_TRUE(p.out.bytes() == out);
+    EXPECT_TRUE(p.lse.bytes() == lse);
+    EXPECT_TRUE(p.k_cache.bytes() == k_cache);
     cudaStreamDestroy(stream);
   }
 }

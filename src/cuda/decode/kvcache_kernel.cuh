@@ -131,6 +131,7 @@ __device__ __forceinline__ float rotated_element(const KvCacheParams& p, const E
 template <typename Element>
 __global__ void append_kernel(const KvCacheParams p) {
   allow_dependent_grids();  // the split kernel's blocks may take their SMs now: they wait for this grid
+  wait_for_prerequisite_grids();  // launched early after the caller's kernel: nothing read before
   const int64_t h = blockIdx.x % p.heads_kv;
   const int64_t t = (blockIdx.x / p.heads_kv) % p.seqlen_new;
   const int64_t b = blockIdx.x / (p.heads_kv * p.seqlen_new);
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float* row_sum = row_max + kRows;
   float* row_alpha = row_sum + kRows;
 
-  wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
+  wait_for_prerequisite_grids();  // launched early after the stream's previous kernel: nothing read before
   const int tid = threadIdx.x;
   const int split = blockIdx.x, splits = gridDim.x;
   const int64_t b = blockIdx.z / p.heads_kv, hkv = blockIdx.z % p.heads_kv;

@@ -52,8 +52,8 @@ inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
   return FA_OK;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), or with `early` a programmatic dependent launch
-// (sm_90+): the blocks may be scheduled while the previous kernel of the stream still runs, and
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
+// kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of the stream still runs, and
 // the kernel's wait_for_prerequisite_grids() holds them until that kernel has completed; at B = 1
 // the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
 // virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
@@ -61,7 +61,7 @@ inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
 // Stream capture turns the attribute into a programmatic edge of the graph.
 template <typename... Params, typename... Args>
 fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        bool early, Args... args) {
+                        Args... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -70,7 +70,7 @@ fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  if (early && early_launch_allowed()) {
+  if (early_launch_allowed()) {
     bool holds_wait = false;
     FA_TRY(holds_grid_dependency_wait(reinterpret_cast<const void*>(kernel), &holds_wait));
     if (holds_wait) {
@@ -84,25 +84,24 @@ fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
 
 // One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
 // takes the same arguments, its Traits give the block size and shared memory.
-// `early` (after the append kernel): see launch_kernel.
 template <class Traits, class Kernel>
 fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                          float* lse_partial, bool early, cudaStream_t stream) {
+                          float* lse_partial, cudaStream_t stream) {
   const int smem = static_cast<int>(Traits::smem_bytes());
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  return launch_kernel(kernel, grid, dim3(Traits::kThreads), smem, stream, early, p, o_partial, lse_partial,
+  return launch_kernel(kernel, grid, dim3(Traits::kThreads), smem, stream, p, o_partial, lse_partial,
                        plan.rows_padded);
 }
 
 // The mma kernel's instance for the cache's walk (cache_walk.hpp).
 template <class Traits, typename Element>
 fa_status launch_mma_walk(CacheWalk walk, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                          float* lse_partial, bool early, cudaStream_t stream) {
+                          float* lse_partial, cudaStream_t stream) {
   auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
                 : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
                                                 : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
-  return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, early, stream);
+  return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, stream);
 }
 
 template <typename Tag, int kHeadDim>
@@ -121,15 +120,15 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
                 "k_cache: the decode kernel for head dim class %d needs %zu bytes of shared memory per block; device "
                 "%d allows %zu",
                 kHeadDim, kSplitSmem, static_cast<int>(p.device_index), smem_per_block);
-  // The append kernel follows the caller's work in plain stream order; the split kernel after it,
-  // and the combine after the split kernel, are launched early (launch_kernel).
+  // Every kernel of the call is launched early (launch_kernel), the first one too: its blocks take
+  // the SMs the caller's previous kernel leaves as it drains, and wait there for it to complete, so
+  // the launch's latency is not a step of the call's chain (decode at B = 1 is all fixed latency).
   const bool appended = p.seqlen_new > 0 && p.batch > 0;
   if (appended) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
     if (blocks > INT32_MAX) return fail(FA_ERROR_UNSUPPORTED, "k_new: more than 2^31 - 1 rows to append");
     const int threads = static_cast<int>((std::max(p.head_dim, p.head_dim_v) + 31) / 32 * 32);
-    append_kernel<Element><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
-    FA_CUDA_CHECK(cudaGetLastError());
+    FA_TRY(launch_kernel(append_kernel<Element>, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0, stream, p));
   }
   if (p.batch == 0 || p.seqlen_q == 0) return FA_OK;
   // The kernels divide by the heads in 32 bits.
@@ -156,28 +155,28 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     const Ring requested = requested_ring();
     // hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB.
     if (requested != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
-      FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
+      FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     } else {
-      FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, appended, stream));
+      FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     }
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
     using Eight = SplitKvWarpTraits<Element, kHeadDim, 8>;
     if (rows_per_block(rows, kKernel) == 4)
-      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial, appended,
+      FA_TRY(launch_split_kv<Four>(split_kv_warp_kernel<Four, Element>, p, plan, o_partial, lse_partial,
                                    stream));
     else
-      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial, appended,
+      FA_TRY(launch_split_kv<Eight>(split_kv_warp_kernel<Eight, Element>, p, plan, o_partial, lse_partial,
                                     stream));
   } else {
     using Traits = DecodeTraits<Element, kHeadDim>;
     static_assert(Traits::kBlockN == kKeysPerTile, "plan and kernel agree");
-    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial, appended,
+    FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial,
                                    stream));
   }
   if (plan.splits > 1) {
     const unsigned blocks = static_cast<unsigned>(batch_heads * rows);  // one per packed row
-    FA_TRY(launch_kernel(combine_kernel<Element>, dim3(blocks), dim3(kCombineThreads), 0, stream, true, p, o_partial,
+    FA_TRY(launch_kernel(combine_kernel<Element>, dim3(blocks), dim3(kCombineThreads), 0, stream, p, o_partial,
                          lse_partial, plan.splits, plan.rows_padded));
   }
   return FA_OK;

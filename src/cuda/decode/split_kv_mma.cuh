@@ -187,11 +187,10 @@ struct QueryElements {
 // of 16, and the stepping chain over all of them was ~300 dependent instructions of every call's
 // fixed cost (dev/kvcache_decode.md v14).
 template <typename Traits, typename Element>
-__device__ __forceinline__ QueryElements<Traits, Element> load_queries(const KvCacheParams& p, int64_t b, int64_t hkv,
-                                                                      int64_t r0, int nrows) {
+__device__ __forceinline__ QueryElements<Traits, Element> load_queries(const KvCacheParams& p,
+                                                                      QueryRowWalk<Traits, Element> walk, int nrows) {
   QueryElements<Traits, Element> loaded;
   if (p.rotary_cos != nullptr) return loaded;
-  QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
 #pragma unroll
   for (int k = 0; k < QueryRowWalk<Traits, Element>::kRowsPerThread; ++k) {
     if (!walk.real(k, nrows)) break;
@@ -244,7 +243,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem[];
   float* q_stage = reinterpret_cast<float*>(smem + Traits::smem_bytes() - Traits::q_bytes());  // (kRows, kHeadDim)
-  wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -257,12 +255,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t first_row = blockIdx.y * kRows;  // packed row r0 + r: query (r0 + r) / G, head hkv G + (r0 + r) % G
   const int64_t r0 = first_row;
   const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
+  const QueryRowWalk<Traits, Element> query_walk(p, b, hkv, r0);
+  // Launched early after the stream's previous kernel: the index math above reads only the
+  // parameters, and runs while that kernel drains; no global memory is read before this wait.
+  wait_for_prerequisite_grids();
   // Q's loads first, before the cache length's (bounded_row): neither waits for the other. Not in
   // the short-pages walk, whose streams' bookkeeping left no registers to hold Q (16 bytes of spills
   // at hdim 128), and whose pages of under 16 rows are rare: it loads Q in turn 0.
   constexpr bool kShortPages = kWalk == CacheWalk::kShortPages;
   const QueryElements<Traits, Element> q_loaded =
-      kShortPages ? QueryElements<Traits, Element>{} : load_queries<Traits, Element>(p, b, hkv, r0, nrows);
+      kShortPages ? QueryElements<Traits, Element>{} : load_queries(p, query_walk, nrows);
   const CacheRow row = bounded_row(p, b);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
@@ -479,7 +481,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   float slope[2];
   auto stage_query_fragments = [&]() {
     stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows,
-                                   kShortPages ? load_queries<Traits, Element>(p, b, hkv, r0, nrows) : q_loaded,
+                                   kShortPages ? load_queries(p, QueryRowWalk<Traits, Element>(p, b, hkv, r0), nrows)
+                                               : q_loaded,
                                    q_stage);
     __syncthreads();
 #pragma unroll

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   constexpr int kLanesPerKey = Traits::kLanesPerKey, kHeadDim = Traits::kHeadDim;
   extern __shared__ __align__(16) uint4 smem_chunks[];
   const BlockStates<Traits::kStates, kRows, kHeadDim> states(reinterpret_cast<float*>(smem_chunks));  // after the loop
-  wait_for_prerequisite_grids();  // launched early after the append kernel: nothing read before
+  wait_for_prerequisite_grids();  // launched early after the stream's previous kernel: nothing read before
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int group = lane / kLanesPerKey;   // which key row of a step this lane works on
