@@ -607,10 +607,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Step n of this warp is the slab at base0 + n * kKeysPerBlockIter; kStages - 1 slabs in flight.
   // The first kStages - 1 turns only issue: one loop, so the code of issue() and compute()
   // exists once (a block with few keys runs it cold, and instruction fetch was its cost).
-  // Turn 0 stages Q (loaded at the entry) after its issue: the stores wait for nothing by then, and
-  // the copies went out before them. Q has its own shared
-  // memory (smem_bytes()), apart from the ring the copies fill. Every warp runs turn 0, even one
-  // without a slab, because the staging ends in a block barrier.
+  // Turn 0 stages Q (loaded at the entry) after its issue: by then its loads have landed, and the
+  // copies went out first. Q has its own shared memory (smem_bytes()), apart from the ring the
+  // copies fill. Every warp runs turn 0, even one without a slab, because the staging ends in a
+  // block barrier.
   constexpr int stride = Traits::kKeysPerBlockIter;
   const int steps = base0 < keys_end ? (keys_end - base0 + stride - 1) / stride : 0;
   const int turns = steps > 0 ? steps : 1;
