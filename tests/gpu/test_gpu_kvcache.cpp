@@ -161,69 +161,112 @@ TEST(GpuKvCacheRing, RingsAgreeBitwise) {
   EXPECT_GT(compared, 0) << "no case in the shared list";
 }
 
-// Three consecutive calls captured in a CUDA graph replay to the bytes of one eager call, and so
-// does an eager call in plain stream order: on sm_90 the split kernel after the append and the
-// combine after the split kernel are programmatic dependent launches (kvcache_launch.cuh), which
-// capture turns into programmatic edges, and FLASHATTN_DECODE_PDL=0 turns them off. The append
-// writes the same rows on every call (cache_seqlens are inputs), so every call sees the same cache.
-TEST(GpuKvCacheGraph, ConsecutiveCallsReplayEager) {
-  FA_GPU_TEST_OR_SKIP();
-  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_bf16_decode_noappend"}) {
-    SCOPED_TRACE(name);
+// A shared case with 4 splits (the combine runs; the short case gets the 2 its keys allow) on a
+// stream of its own, called once eagerly and checked against the reference. The tests below make
+// the same call in other ways and expect that call's bytes of out, lse and the appended cache.
+class EagerCall {
+ public:
+  EagerCall() = default;
+  EagerCall(const EagerCall&) = delete;
+  EagerCall& operator=(const EagerCall&) = delete;
+  ~EagerCall() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  void run(const char* name) {
     KvCase c = kvcache_case(name);
     ASSERT_EQ(c.name, name);
-    c.num_splits = 4;  // the combine runs (the short case gets the 2 its keys allow)
-    KvProblem p = make_kv_problem(c);
-    p.poison_outputs();
-    KvMirror mirror(p);
-    ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
-    cudaStream_t stream = nullptr;
-    FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    fa_kvcache_args args = mirror.args();
-    args.opts.stream = stream;
-    size_t bytes = 0;
-    ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
-    DeviceBuffer workspace(bytes);
+    c.num_splits = 4;
+    problem_ = std::make_unique<KvProblem>(make_kv_problem(c));
+    problem_->poison_outputs();
+    mirror_ = std::make_unique<KvMirror>(*problem_);
+    ASSERT_TRUE(mirror_->complete()) << "cudaMalloc failed";
+    FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    args_ = mirror_->args();
+    args_.opts.stream = stream_;
+    ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args_, &bytes_), FA_OK) << fa_last_error();
+    workspace_ = std::make_unique<DeviceBuffer>(bytes_);
     FA_CUDA_ASSERT(cudaDeviceSynchronize());  // the mirror's copies have landed
-    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    mirror.download();
-    expect_kvcache_matches(p);
-    const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-    auto expect_same = [&](const std::string& what) {
-      mirror.download();
-      EXPECT_TRUE(p.out.bytes() == out) << what;
-      EXPECT_TRUE(p.lse.bytes() == lse) << what;
-      EXPECT_TRUE(p.k_cache.bytes() == k_cache) << what;
-    };
+    ASSERT_EQ(call(), FA_OK) << fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamSynchronize(stream_));
+    mirror_->download();
+    expect_kvcache_matches(*problem_);
+    out_ = problem_->out.bytes();
+    lse_ = problem_->lse.bytes();
+    k_cache_ = problem_->k_cache.bytes();
+  }
+  fa_status call() { return fa_fwd_kvcache(&args_, workspace_->data, bytes_); }
+  // out and lse poisoned again, on the host and the device, before the next call.
+  void poison_outputs() {
+    problem_->poison_outputs();
+    mirror_->upload_outputs();
+  }
+  void expect_same(const std::string& what) {
+    mirror_->download();
+    EXPECT_TRUE(problem_->out.bytes() == out_) << what;
+    EXPECT_TRUE(problem_->lse.bytes() == lse_) << what;
+    EXPECT_TRUE(problem_->k_cache.bytes() == k_cache_) << what;
+  }
+  KvProblem& problem() { return *problem_; }
+  const fa_kvcache_args& args() const { return args_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  std::unique_ptr<KvProblem> problem_;
+  std::unique_ptr<KvMirror> mirror_;
+  cudaStream_t stream_ = nullptr;
+  fa_kvcache_args args_{};
+  size_t bytes_ = 0;
+  std::unique_ptr<DeviceBuffer> workspace_;
+  std::vector<unsigned char> out_, lse_, k_cache_;
+};
+
+// body(eager) for a paged case with append and a contiguous one without, each called eagerly first.
+template <class Body>
+void for_each_eager_call(Body body) {
+  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_bf16_decode_noappend"}) {
+    SCOPED_TRACE(name);
+    EagerCall eager;
+    eager.run(name);
+    if (::testing::Test::HasFatalFailure()) return;
+    body(eager);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Three consecutive calls captured in a CUDA graph replay to the bytes of one eager call, and so
+// does an eager call in plain stream order: on sm_90 the decode kernels are programmatic dependent
+// launches (kvcache_launch.cuh), which capture turns into programmatic edges, and
+// FLASHATTN_DECODE_PDL=0 turns them off. The append writes the same rows on every call
+// (cache_seqlens are inputs), so every call sees the same cache.
+TEST(GpuKvCacheGraph, ConsecutiveCallsReplayEager) {
+  FA_GPU_TEST_OR_SKIP();
+  for_each_eager_call([](EagerCall& eager) {
     {
       const ScopedEnv plain("FLASHATTN_DECODE_PDL", "0");
-      p.poison_outputs();
-      mirror.upload_outputs();
-      ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-      FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-      expect_same("plain stream order");
+      eager.poison_outputs();
+      ASSERT_EQ(eager.call(), FA_OK) << fa_last_error();
+      FA_CUDA_ASSERT(cudaStreamSynchronize(eager.stream()));
+      eager.expect_same("plain stream order");
     }
     cudaGraph_t graph = nullptr;
-    FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    FA_CUDA_ASSERT(cudaStreamBeginCapture(eager.stream(), cudaStreamCaptureModeGlobal));
     fa_status status = FA_OK;
-    for (int call = 0; call < 3 && status == FA_OK; ++call) status = fa_fwd_kvcache(&args, workspace.data, bytes);
+    for (int call = 0; call < 3 && status == FA_OK; ++call) status = eager.call();
     const std::string message = fa_last_error();
-    FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    FA_CUDA_ASSERT(cudaStreamEndCapture(eager.stream(), &graph));
     ASSERT_EQ(status, FA_OK) << message;
     cudaGraphExec_t exec = nullptr;
     FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 2; ++replay) {
-      p.poison_outputs();
-      mirror.upload_outputs();
-      FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-      expect_same("replay " + std::to_string(replay));
+      eager.poison_outputs();
+      FA_CUDA_ASSERT(cudaGraphLaunch(exec, eager.stream()));
+      FA_CUDA_ASSERT(cudaStreamSynchronize(eager.stream()));
+      eager.expect_same("replay " + std::to_string(replay));
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
-  }
+  });
 }
 
 // On sm_90 every decode kernel is a programmatic dependent launch, the call's first one too
@@ -234,34 +277,14 @@ TEST(GpuKvCacheGraph, ConsecutiveCallsReplayEager) {
 // appended cache). Below sm_90 the launches are in plain stream order and this holds trivially.
 TEST(GpuKvCacheEarlyLaunch, WaitsForThePreviousKernelsWrites) {
   FA_GPU_TEST_OR_SKIP();
-  for (const char* name : {"paged16_bf16_long_decode_gqa4", "contig_bf16_decode_noappend"}) {
-    SCOPED_TRACE(name);
-    KvCase c = kvcache_case(name);
-    ASSERT_EQ(c.name, name);
-    c.num_splits = 4;
-    KvProblem p = make_kv_problem(c);
-    p.poison_outputs();
-    KvMirror mirror(p);
-    ASSERT_TRUE(mirror.complete()) << "cudaMalloc failed";
-    cudaStream_t stream = nullptr;
-    FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    fa_kvcache_args args = mirror.args();
-    args.opts.stream = stream;
-    size_t bytes = 0;
-    ASSERT_EQ(fa_fwd_kvcache_workspace_size(&args, &bytes), FA_OK) << fa_last_error();
-    DeviceBuffer workspace(bytes);
-    FA_CUDA_ASSERT(cudaDeviceSynchronize());
-    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    mirror.download();
-    expect_kvcache_matches(p);
-    const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-
+  for_each_eager_call([](EagerCall& eager) {
     struct Input {
       const HostTensor& host;
       void* device;
       int poison_byte;
     };
+    KvProblem& p = eager.problem();
+    const fa_kvcache_args& args = eager.args();
     const Input inputs[] = {{p.q, args.q.data, 0xFF},
                             {p.cache_seqlens, args.cache_seqlens.data, 0},
                             {p.k_new, args.k_new.data, 0xFF},
@@ -279,17 +302,12 @@ TEST(GpuKvCacheEarlyLaunch, WaitsForThePreviousKernelsWrites) {
       copies[regions++] = {input.device, real_inputs.back()->data, size};
     }
     ASSERT_GE(regions, 2) << "q and cache_seqlens at least";
-    p.poison_outputs();
-    mirror.upload_outputs();  // synchronizes the device: the poison has landed
-    FA_CUDA_ASSERT(launch_late_copies(copies, 200'000, stream));
-    ASSERT_EQ(fa_fwd_kvcache(&args, workspace.data, bytes), FA_OK) << fa_last_error();
-    FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    mirror.download();
-    EXPECT_TRUE(p.out.bytes() == out);
-    EXPECT_TRUE(p.lse.bytes() == lse);
-    EXPECT_TRUE(p.k_cache.bytes() == k_cache);
-    cudaStreamDestroy(stream);
-  }
+    eager.poison_outputs();  // synchronizes the device: the poison has landed
+    FA_CUDA_ASSERT(launch_late_copies(copies, 200'000, eager.stream()));
+    ASSERT_EQ(eager.call(), FA_OK) << fa_last_error();
+    FA_CUDA_ASSERT(cudaStreamSynchronize(eager.stream()));
+    eager.expect_same("after a kernel that writes the inputs late");
+  });
 }
 
 // The decode kernels copy 16-byte chunks of a head: D or Dv not a multiple of 8 is refused by
