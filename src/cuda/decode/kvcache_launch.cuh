@@ -53,9 +53,9 @@ inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
-// kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of the stream still runs, and
-// the kernel's wait_for_prerequisite_grids() holds them until that kernel has completed; at B = 1
-// the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
+// kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of
+// the stream still runs, and the kernel's wait_for_prerequisite_grids() holds them until that
+// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
 // virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
 // compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched in plain stream order.
 // Stream capture turns the attribute into a programmatic edge of the graph.
@@ -122,7 +122,8 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
                 kHeadDim, kSplitSmem, static_cast<int>(p.device_index), smem_per_block);
   // Every kernel of the call is launched early (launch_kernel), the first one too: its blocks take
   // the SMs the caller's previous kernel leaves as it drains, and wait there for it to complete, so
-  // the launch's latency is not a step of the call's chain (decode at B = 1 is all fixed latency).
+  // that the launch's latency can overlap that kernel's tail (decode at B = 1 is all fixed latency;
+  // after our own combine, in bench_decode's graphs, it measured no gain: dev/kvcache_decode.md v16).
   const bool appended = p.seqlen_new > 0 && p.batch > 0;
   if (appended) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
