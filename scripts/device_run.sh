@@ -102,27 +102,25 @@ fi
 # FA_REFERENCE_SRC may name more trees, separated by spaces: the second is built in build-ref2 and so
 # on, and only the decode stage times those (columns ref2_ms, ...).
 DECODE_REFERENCES=()
+build_reference() {  # build_reference SOURCE_TREE BUILD_DIR
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/reference_build.log" 2>&1 &&
+    ninja -C "$2" -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
+}
 if has_stage reference; then
   start=$(date +%s)
+  : >"$OUT/reference_build.log"
   read -r -a reference_trees <<<"${FA_REFERENCE_SRC:?a source tree to compare against}"
+  reference_status=1
   for i in "${!reference_trees[@]}"; do
-    [ "$i" = 0 ] && continue
-    dir=build-ref$((i + 1))
-    cmake -S "${reference_trees[$i]}" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
-      -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >"$OUT/reference_build.log" 2>&1 &&
-      ninja -C "$dir" -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1 ||
+    dir=build-ref$( [ "$i" = 0 ] || echo $((i + 1)) )
+    if build_reference "${reference_trees[$i]}" "$dir"; then
+      DECODE_REFERENCES+=(--reference-lib "$dir/libflashattn.so")
+      [ "$i" = 0 ] && reference_status=0
+    else
       note "== reference build $dir FAILED"
-  done
-  cmake -S "${reference_trees[0]}" -B build-ref -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
-    -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/reference_build.log" 2>&1 &&
-    ninja -C build-ref -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
-  reference_status=$?
-  [ "$reference_status" = 0 ] && DECODE_REFERENCES+=(--reference-lib build-ref/libflashattn.so)
-  for i in "${!reference_trees[@]}"; do
-    [ "$i" != 0 ] && [ -f "build-ref$((i + 1))/libflashattn.so" ] &&
-      DECODE_REFERENCES+=(--reference-lib "build-ref$((i + 1))/libflashattn.so")
+    fi
   done
   if [ "$reference_status" != 0 ]; then
     note "== reference build FAILED"; grep -m10 -A3 error "$OUT/reference_build.log" >>"$SUMMARY"
