@@ -206,8 +206,7 @@ __device__ __forceinline__ QueryElements<Traits, Element> load_queries(const KvC
 // thread are independent and go out together (one thread gathering its fragments element by
 // element took ~25 us per block); the plain path is short and branch-free because every block runs
 // it once, cold: the first version unrolled the rotary code and a 64-bit division per element, and
-// the first K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix; 13 KiB
-// since the kernel stages Q after issuing its first slabs).
+// the first K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix).
 template <typename Traits, typename Element>
 __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
                                               int64_t r0, int nrows, const QueryElements<Traits, Element>& loaded,
