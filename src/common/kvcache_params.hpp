@@ -76,14 +76,27 @@ struct CacheRow {
   int64_t leftpad = 0;      // key j lives at position leftpad + j
   int64_t keys = 0;         // N_b = filled - leftpad + S_new
 
-  FA_HOST_DEVICE static CacheRow of(const KvCacheParams& p, int64_t b) {
+  // Batch row b's entries of the index tensors, as read (a null tensor's entry is not read). Apart
+  // from of(p, b) so that a kernel can issue these loads, then others, before their first use.
+  struct Entries {
+    int32_t cache_index = 0, filled = 0, leftpad = 0;
+  };
+  FA_HOST_DEVICE static Entries read(const KvCacheParams& p, int64_t b) {
+    Entries e;
+    if (p.cache_batch_idx != nullptr) e.cache_index = p.cache_batch_idx[b];
+    if (p.cache_seqlens != nullptr) e.filled = p.cache_seqlens[b];
+    if (p.cache_leftpad != nullptr) e.leftpad = p.cache_leftpad[b];
+    return e;
+  }
+  FA_HOST_DEVICE static CacheRow of(const KvCacheParams& p, int64_t b, const Entries& e) {
     CacheRow row;
-    row.cache_index = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
-    row.filled = p.cache_seqlens != nullptr ? p.cache_seqlens[b] : p.capacity;
-    row.leftpad = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
+    row.cache_index = p.cache_batch_idx != nullptr ? e.cache_index : b;
+    row.filled = p.cache_seqlens != nullptr ? e.filled : p.capacity;
+    row.leftpad = p.cache_leftpad != nullptr ? e.leftpad : 0;
     row.keys = row.filled - row.leftpad + p.seqlen_new;
     return row;
   }
+  FA_HOST_DEVICE static CacheRow of(const KvCacheParams& p, int64_t b) { return of(p, b, read(p, b)); }
 
   // The mask of this row's queries against its N_b keys.
   FA_HOST_DEVICE MaskPolicy mask(const KvCacheParams& p) const {

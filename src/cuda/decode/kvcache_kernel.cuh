@@ -107,12 +107,15 @@ __device__ __forceinline__ void allow_dependent_grids() {
 
 // The row of batch row b, bounded on the device: the C API cannot read device
 // index tensors, so a row whose values leave the cache attends to no key.
-__device__ __forceinline__ CacheRow bounded_row(const KvCacheParams& p, int64_t b) {
-  CacheRow row = CacheRow::of(p, b);
+__device__ __forceinline__ CacheRow bounded_row(const KvCacheParams& p, int64_t b, const CacheRow::Entries& entries) {
+  CacheRow row = CacheRow::of(p, b, entries);
   const bool bad_index = !p.paged && (row.cache_index < 0 || row.cache_index >= p.cache_batch);
   if (bad_index || row.leftpad < 0 || row.filled < row.leftpad || row.filled + p.seqlen_new > p.capacity)
     row.keys = 0;
   return row;
+}
+__device__ __forceinline__ CacheRow bounded_row(const KvCacheParams& p, int64_t b) {
+  return bounded_row(p, b, CacheRow::read(p, b));
 }
 
 // Element d of one head vector rotated at `position` (flash-attn's rotary; see kvcache_params.hpp).

@@ -258,13 +258,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Launched early after the stream's previous kernel: the index math above reads only the
   // parameters, and runs while that kernel drains; no global memory is read before this wait.
   wait_for_prerequisite_grids();
-  // Q's loads first, before the cache length's (bounded_row): neither waits for the other. Not in
-  // the short-pages walk, whose streams' bookkeeping left no registers to hold Q (16 bytes of spills
+  // The cache length's loads first (everything below waits for them), then Q's, which nothing uses
+  // before turn 0, while the length's are on their way; then the length's first use. Q's not in the
+  // short-pages walk, whose streams' bookkeeping left no registers to hold Q (16 bytes of spills
   // at hdim 128), and whose pages of under 16 rows are rare: it loads Q in turn 0.
+  const CacheRow::Entries row_entries = CacheRow::read(p, b);
   constexpr bool kShortPages = kWalk == CacheWalk::kShortPages;
   const QueryElements<Traits, Element> q_loaded =
       kShortPages ? QueryElements<Traits, Element>{} : load_queries(p, query_walk, nrows);
-  const CacheRow row = bounded_row(p, b);
+  const CacheRow row = bounded_row(p, b, row_entries);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
 
