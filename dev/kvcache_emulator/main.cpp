@@ -9,8 +9,7 @@
 // index for its block reads the wrong keys. Padded strides give K rows and V pages a gap, so a walk
 // that mixed up the row, page or tensor strides reads the gap, which holds NaN (as do the unused rows
 // of a partial page): a read of anything but a present key turns O into NaN. A left pad puts the S
-// keys at cache positions pad .. pad + S - 1 (cache_leftpad), NaN before them. Padded strides put q
-// one element off 16-byte alignment too.
+// keys at cache positions pad .. pad + S - 1 (cache_leftpad), NaN before them.
 #include "shim.hpp"
 #include "split_kv_mma_host.hpp"
 #include "split_kv_warp_host.hpp"
@@ -64,11 +63,7 @@ int run(const Case& c) {
   std::vector<E> kc = cache_of(kl, k_layout), vc = cache_of(vl, v_layout);
   if (paged) { p.paged = true; p.cache_batch = B * blocks; p.page_rows = page; p.max_blocks = blocks; p.capacity = int64_t(blocks) * page;
     for (int i = 0; i < blocks; ++i) table.push_back(c.reversed ? blocks - 1 - i : i); p.block_table = table.data(); p.block_table_stride = blocks; }
-  // Padded strides also move q one element off 16-byte alignment: turn 0 then loads Q element by
-  // element (load_query_chunks), and the hash must equal the chunk path's.
-  std::vector<E> q_shifted(q.size() + 1);
-  std::copy(q.begin(), q.end(), q_shifted.begin() + 1);
-  p.q = c.padded ? q_shifted.data() + 1 : q.data(); p.k_cache = kc.data(); p.v_cache = vc.data(); p.o = out.data(); p.lse = lse.data();
+  p.q = q.data(); p.k_cache = kc.data(); p.v_cache = vc.data(); p.o = out.data(); p.lse = lse.data();
   p.q_layout = {int64_t(H) * D, int64_t(H) * D, D};
   p.k_cache_layout = k_layout;
   p.v_cache_layout = v_layout;

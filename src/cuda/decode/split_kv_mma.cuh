@@ -172,87 +172,55 @@ struct QueryRowWalk {
   }
 };
 
-// Q's plain path (no rotary) as 16-byte chunk loads, held in registers from the kernel's entry until
-// turn 0 stores them: the loads go out before the first K/V copies, so they do not queue behind the
-// first wave of slabs (ncu source pages, dev/kvcache_decode.md session 22: 28-37 % of the stall
-// samples at B = 1 4k were on Q's first use when it was loaded after the copies), and nothing uses
-// them before the copies are out. Chunk c of packed row r holds dims 8c .. 8c + 7; a thread loads
-// chunk tid % kRowChunks of rows tid / kRowChunks + k * kRowStep: two loads at hdim 128, where an
-// element walk issued sixteen, each behind its own row step (dev/kvcache_decode.md v18).
+// A thread's Q elements as loaded (zero past D and for padding rows), held in registers from the
+// kernel's entry until turn 0 stores them: the loads go out before the first K/V copies, so they do
+// not queue behind the first wave of slabs (ncu source pages, dev/kvcache_decode.md session 22:
+// 28-37 % of the stall samples at B = 1 4k were on Q's first use when it was loaded after the copies),
+// and nothing uses them before the copies are out.
 template <typename Traits, typename Element>
-struct QueryChunks {
-  static constexpr int kRowChunks = Traits::kHeadDim / 8;
-  static constexpr int kRowStep = Traits::kThreads / kRowChunks;
-  static constexpr int kPerThread = Traits::kRows / kRowStep;
-  static_assert(Traits::kThreads % kRowChunks == 0 && Traits::kRows % kRowStep == 0, "whole chunks per pass");
-  uint4 values[kPerThread] = {};  // zero past D and for padding rows
-  // False where q cannot be read in whole 16-byte chunks (rotary, q or its strides not 16-byte
-  // aligned, D not a multiple of 8): turn 0 then loads element by element.
-  bool loaded = false;
-
-  __device__ __forceinline__ static int chunk() { return static_cast<int>(threadIdx.x) % kRowChunks; }
-  __device__ __forceinline__ static int row(int k) { return static_cast<int>(threadIdx.x) / kRowChunks + k * kRowStep; }
+struct QueryElements {
+  Element values[QueryRowWalk<Traits, Element>::kRowsPerThread] = {};
 };
 
-// Whether q can be read in whole, aligned 16-byte chunks (the same answer in every thread).
-template <typename Element>
-__device__ __forceinline__ bool query_chunks_readable(const KvCacheParams& p) {
-  constexpr int64_t kChunkElements = 16 / sizeof(Element);
-  return p.rotary_cos == nullptr && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.head_dim % kChunkElements == 0 &&
-         p.q_layout.batch % kChunkElements == 0 && p.q_layout.row % kChunkElements == 0 &&
-         p.q_layout.head % kChunkElements == 0;
-}
-
-// Issues Q's chunk loads of packed rows r0 .. r0 + nrows - 1 (query (r0 + r) / G, head hkv G +
-// (r0 + r) % G), or none where query_chunks_readable says no.
+// Issues the loads of Q's plain path (no rotary: the rotary path loads in stage_queries). The row
+// steps stop at the last real row (a warp's rows are uniform): a GQA-4 decode block has 4 real rows
+// of 16, and the stepping chain over all of them was ~300 dependent instructions of every call's
+// fixed cost (dev/kvcache_decode.md v14).
 template <typename Traits, typename Element>
-__device__ __forceinline__ QueryChunks<Traits, Element> load_query_chunks(const KvCacheParams& p, int64_t b, int64_t hkv,
-                                                                          uint32_t r0, int nrows) {
-  using Chunks = QueryChunks<Traits, Element>;
-  Chunks chunks;
-  if (!query_chunks_readable<Element>(p)) return chunks;
-  chunks.loaded = true;
-  const int c = Chunks::chunk();
-  if (8 * c >= p.head_dim) return chunks;
-  const uint32_t group = static_cast<uint32_t>(p.heads) / static_cast<uint32_t>(p.heads_kv);
-  const Element* q_group = static_cast<const Element*>(p.q) + b * p.q_layout.batch +
-                           hkv * int64_t(group) * p.q_layout.head + 8 * c;
+__device__ __forceinline__ QueryElements<Traits, Element> load_queries(const KvCacheParams& p,
+                                                                      QueryRowWalk<Traits, Element> walk, int nrows) {
+  QueryElements<Traits, Element> loaded;
+  if (p.rotary_cos != nullptr) return loaded;
 #pragma unroll
-  for (int k = 0; k < Chunks::kPerThread; ++k) {
-    const int r = Chunks::row(k);
-    if (r >= nrows) break;  // rows past nrows are padding; a thread's rows ascend
-    const uint32_t packed = r0 + static_cast<uint32_t>(r);
-    const Element* q = q_group + int64_t(packed / group) * p.q_layout.row + int64_t(packed % group) * p.q_layout.head;
-    chunks.values[k] = *reinterpret_cast<const uint4*>(q);
+  for (int k = 0; k < QueryRowWalk<Traits, Element>::kRowsPerThread; ++k) {
+    if (!walk.real(k, nrows)) break;
+    if (walk.present) loaded.values[k] = walk.q_group[walk.offset];
+    walk.next_row();
   }
-  return chunks;
+  return loaded;
 }
 
 // Q rows r0 .. r0 + nrows - 1 of (batch row b, kv head hkv), rotated and rounded to the element
 // type (as the cache holds k), zero past D and for padding rows, into q_stage (kRows, kHeadDim)
-// fp32: the chunk path stores `chunks`; otherwise each thread loads, rotates and stores its
-// elements. The loads of a thread are independent and go out together (one thread gathering its
-// fragments element by element took ~25 us per block); the element path is short because every
-// block runs it once, cold: the first version unrolled the rotary code and a 64-bit division per
-// element, and the first K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix).
+// fp32: the plain path stores `loaded`; the rotary path loads, rotates and stores. The loads of a
+// thread are independent and go out together (one thread gathering its fragments element by
+// element took ~25 us per block); the plain path is short and branch-free because every block runs
+// it once, cold: the first version unrolled the rotary code and a 64-bit division per element, and
+// the first K/V copy came 57 KiB of instructions into the kernel (29 KiB after that fix).
 template <typename Traits, typename Element>
 __device__ __forceinline__ void stage_queries(const KvCacheParams& p, const CacheRow& row, int64_t b, int64_t hkv,
-                                              int64_t r0, int nrows, const QueryChunks<Traits, Element>& chunks,
+                                              int64_t r0, int nrows, const QueryElements<Traits, Element>& loaded,
                                               float* q_stage) {
-  using Chunks = QueryChunks<Traits, Element>;
-  if (chunks.loaded) {
+  constexpr int kRowsPerThread = QueryRowWalk<Traits, Element>::kRowsPerThread;
+  if (p.rotary_cos == nullptr) {
+    const QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
 #pragma unroll
-    for (int k = 0; k < Chunks::kPerThread; ++k) {
-      const Element* elements = reinterpret_cast<const Element*>(&chunks.values[k]);
-      float4* to = reinterpret_cast<float4*>(q_stage + Chunks::row(k) * Traits::kHeadDim + 8 * Chunks::chunk());
-      to[0] = make_float4(to_float(elements[0]), to_float(elements[1]), to_float(elements[2]), to_float(elements[3]));
-      to[1] = make_float4(to_float(elements[4]), to_float(elements[5]), to_float(elements[6]), to_float(elements[7]));
-    }
+    for (int k = 0; k < kRowsPerThread; ++k) q_stage[walk.stage_index(k)] = to_float(loaded.values[k]);
     return;
   }
   QueryRowWalk<Traits, Element> walk(p, b, hkv, r0);
 #pragma unroll 4
-  for (int k = 0; k < QueryRowWalk<Traits, Element>::kRowsPerThread; ++k) {
+  for (int k = 0; k < kRowsPerThread; ++k) {
     const bool real = walk.present && walk.real(k, nrows);
     q_stage[walk.stage_index(k)] =
         real ? rotated_element(p, walk.q_group + walk.offset - walk.d, walk.d, query_rotary_position(p, row, walk.query))
@@ -286,6 +254,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t first_row = blockIdx.y * kRows;  // packed row r0 + r: query (r0 + r) / G, head hkv G + (r0 + r) % G
   const int64_t r0 = first_row;
   const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
+  const QueryRowWalk<Traits, Element> query_walk(p, b, hkv, r0);
   // Launched early after the stream's previous kernel: the index math above reads only the
   // parameters, and runs while that kernel drains; no global memory is read before this wait.
   wait_for_prerequisite_grids();
@@ -295,8 +264,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // at hdim 128), and whose pages of under 16 rows are rare: it loads Q in turn 0.
   const CacheRow::Entries row_entries = CacheRow::read(p, b);
   constexpr bool kShortPages = kWalk == CacheWalk::kShortPages;
-  const QueryChunks<Traits, Element> q_loaded =
-      kShortPages ? QueryChunks<Traits, Element>{} : load_query_chunks<Traits, Element>(p, b, hkv, first_row, nrows);
+  const QueryElements<Traits, Element> q_loaded =
+      kShortPages ? QueryElements<Traits, Element>{} : load_queries(p, query_walk, nrows);
   const CacheRow row = bounded_row(p, b, row_entries);
   const MaskPolicy mask = row.mask(p);
   const int d_count = static_cast<int>(p.head_dim), dv_count = static_cast<int>(p.head_dim_v);
@@ -513,7 +482,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   float slope[2];
   auto stage_query_fragments = [&]() {
     stage_queries<Traits, Element>(p, row, b, hkv, r0, nrows,
-                                   kShortPages ? load_query_chunks<Traits, Element>(p, b, hkv, first_row, nrows)
+                                   kShortPages ? load_queries(p, QueryRowWalk<Traits, Element>(p, b, hkv, r0), nrows)
                                                : q_loaded,
                                    q_stage);
     __syncthreads();
