@@ -230,12 +230,14 @@ int sm90_schedule_override() {
 //   conditional rescale (session 15, runs 1-3, same rounds) persistent / tile
 //   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.01x at
 //   8k-16k; at class 256 0.97-0.98x with 1k keys, 1.02-1.06x at 4k-16k;
-// - causal (no left window) at class 128 with more than 1,024 queries (below,
-//   one consumer per CTA runs) and up to 8,192 keys: session 15, runs 1-3,
-//   1.01-1.05x at 2k-8k, 0.86-0.91x at 16k. Under a causal mask at classes 64
-//   and 256 and under sliding windows it trails or was not measured.
+// Never under a diagonal mask. Causal class 128 was persistent from 1,025 to
+// 8,192 queries (H200, session 15: 1.01-1.05x at 2k-8k) until its kernels got
+// the conditional rescale: then one tile per CTA led at every length (H100,
+// session 24, bf16 and fp16: 1.11-1.14x at 2k, 1.07-1.08x at 4k, 1.10-1.14x at
+// 8k, 1.17-1.20x at 16k). At classes 64 and 256 and under sliding windows it
+// trails or was not measured.
 constexpr int64_t kSm90PersistentMaxKeys128 = 2048, kSm90PersistentMaxKeys64 = 4096,
-                  kSm90PersistentMinKeys256 = 2049, kSm90PersistentMaxKeysCausal128 = 8192;
+                  kSm90PersistentMinKeys256 = 2049;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
@@ -245,11 +247,7 @@ bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool m
   if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
   if (std::getenv("FLASHATTN_SM90_FWD_CONSUMERS") != nullptr) return false;  // the consumer count asked for
-  if (mask_diagonal) {
-    const bool causal = params.window_left < 0 && params.window_right == 0;
-    return causal && head_dim_class == 128 && params.seqlen_q > 1024 &&
-           params.seqlen_k <= kSm90PersistentMaxKeysCausal128;
-  }
+  if (mask_diagonal) return false;
   if (head_dim_class == 64) return params.seqlen_k <= kSm90PersistentMaxKeys64;
   if (head_dim_class == 128) return params.seqlen_k <= kSm90PersistentMaxKeys128;
   return head_dim_class == 256 && params.seqlen_k >= kSm90PersistentMinKeys256;

@@ -121,8 +121,8 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
       {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
       {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
       {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
-      {256, 256, 4096, true, -1, "cuda-sm90"},              {128, 1025, 1025, true, -1, "cuda-sm90-persistent"},
-      {128, 1024, 4096, true, -1, "cuda-sm90"},             {128, 2048, 8192, true, -1, "cuda-sm90-persistent"},
+      {256, 256, 4096, true, -1, "cuda-sm90"},              {128, 1025, 1025, true, -1, "cuda-sm90"},
+      {128, 1024, 4096, true, -1, "cuda-sm90"},             {128, 2048, 8192, true, -1, "cuda-sm90"},
       {128, 2048, 8193, true, -1, "cuda-sm90"},             {128, 2048, 4096, true, 512, "cuda-sm90"},
   };
   for (const Shape& shape : shapes) {

@@ -74,8 +74,9 @@ struct FwdTraits {
   static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "shared memory per SM");
   // The persistent kernel stages O in a buffer of its own (1024-byte aligned
   // after the barriers), as sQ already receives the next tile's Q, where it
-  // fits (every class but 256) and without a diagonal mask (under ptxas 13.0
-  // the hdim-128 diagonal kernel spilled 44 bytes with it, none without).
+  // fits (every class but 256) and without a diagonal mask (the hdim-128
+  // persistent diagonal kernel spilled 44 bytes with it in session 15; in
+  // session 24 it compiled without spills but ran 0.97-1.02x, so not there).
   static constexpr int kOffsetPersistentO = kQBytes + 2 * kStages * kKVBytes + 1024;
   static constexpr int kPersistentSmemBytes = 1024 + kOffsetPersistentO + kQBytes;
   static constexpr bool kPersistentStagesO = kPersistentSmemBytes <= 227 * 1024 && !kMaskDiagonal;
@@ -260,12 +261,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   };
   const SmemAddresses hoisted_addresses = operand_addresses();
   constexpr bool kOverlap = kSchedule >= 2, kPingPong = kSchedule == 3;
-  // The conditional rescale (the softmax below), where the H200 measured it
-  // faster (session 15): the dense v2 / v3 kernels (+2-6 % at 8k-16k) and the
-  // hdim-256 diagonal one (+3-8 %, and its 52 bytes of spills gone); the
-  // hdim-64 and 128 diagonal kernels ran 2-9 % slower with it, the v1
-  // (softcap/ALiBi) ones spilled up to 236 bytes more.
-  constexpr bool kConditionalRescale = kOverlap && (!Traits::kMaskDiagonal || kHeadDim == 256);
+  // The conditional rescale (the softmax below), where it measured faster: the
+  // dense v2 / v3 kernels (H200, session 15: +2-6 % at 8k-16k), the hdim-256
+  // diagonal one (+3-8 %, and its 52 bytes of spills gone) and, since the
+  // masked tiles' bounds became 32-bit (session 16), the hdim-128 diagonal ones
+  // (H100, session 24, same rounds: one tile per CTA +8-12 % at 16k causal,
+  // 0 spills; in session 15 they had run 2-9 % slower with it). The hdim-64 diagonal
+  // kernels still lose with it (session 24: 0.95-1.02x, up to 68 bytes of
+  // spills), and the v1 (softcap/ALiBi) ones spilled up to 236 bytes more.
+  constexpr bool kConditionalRescale = kOverlap && (!Traits::kMaskDiagonal || kHeadDim >= 128);
   // Key tiles consumed so far (stage it % 2, phase (it / 2) % 2) and Q tiles
   // so far (phase q_it % 2): both run on across the CTA's tiles, as the producer's.
   int it = 0, q_it = 0;
