@@ -116,8 +116,8 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   };
   const Shape shapes[] = {
       {128, 256, 1024, false, -1, "cuda-sm90-persistent"},  {96, 256, 300, false, -1, "cuda-sm90-persistent"},
-      {128, 256, 2049, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
-      {128, 256, 2048, false, -1, "cuda-sm90-persistent"},
+      {128, 256, 4097, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
+      {128, 256, 4096, false, -1, "cuda-sm90-persistent"},
       {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
       {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
       {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
