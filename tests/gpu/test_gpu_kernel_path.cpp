@@ -99,9 +99,9 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
 // measured faster: without a mask at head-dim class 64 up to 4,096 keys, class
-// 128 (D up to 128 above 64) up to 2,048, class 256 from 2,049 on; causal at
-// class 128 with more than 1,024 queries and up to 8,192 keys; one tile per
-// CTA elsewhere, and wherever a consumer count is asked for.
+// 128 (D up to 128 above 64) up to 4,096, class 256 from 2,049 on; one tile per
+// CTA under every diagonal mask, elsewhere, and wherever a consumer count is
+// asked for.
 TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   FA_GPU_TEST_OR_SKIP();
   if (compute_capability() != 90 || !FA_TEST_SM90_BUILT) GTEST_SKIP() << "needs the sm90 forward on compute capability 9.0";
