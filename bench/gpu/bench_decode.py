@@ -6,7 +6,8 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
     (pages in a random order); bandwidth = K/V bytes read per second
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
 Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
-of reps. Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
+of 9 rounds that replay every column's graph once (ours, the references, the SDPA backends; the paged caches
+in rounds of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
 reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
 launch of the decode kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again
@@ -102,8 +103,8 @@ def plain_stream_order():
     return environment("FLASHATTN_DECODE_PDL", "0")
 
 
-def graph_time_ms(fns, reps=5):
-    """Median time of one call: fns (one per cache copy) captured into a CUDA graph, replayed."""
+def capture_graph(fns):
+    """fns (one per cache copy) run once, warmed up on the capture stream, then captured into one CUDA graph."""
     for fn in fns:
         fn()
     torch.cuda.synchronize()
@@ -119,15 +120,28 @@ def graph_time_ms(fns, reps=5):
                 fn()
     torch.cuda.synchronize()
     graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(fns))
-    return statistics.median(times)
+    return graph
+
+
+def time_graphs_interleaved(graphs, calls, rounds=9):
+    """Median time of one call of each graph ({name: graph of `calls` calls}), in rounds that replay every graph
+    once: a clock ramp or drift falls on every column alike. (Timing each column in its own block put the first
+    one 0.4-0.5 us above the same kernels timed again after the others at B = 1 4k, session 24.)"""
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / calls)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def graph_time_ms(fns, reps=5):
+    """Median time of one call: fns (one per cache copy) captured into a CUDA graph, replayed."""
+    return time_graphs_interleaved({"one": capture_graph(fns)}, len(fns), rounds=reps)["one"]
 
 
 def copy_bandwidth():
@@ -155,7 +169,25 @@ def make_paged(k_cache, v_cache, page):
     return k_pages, v_pages, order.view(b, blocks).to(torch.int32)
 
 
+def sdpa_calls(caches, backend):
+    """torch SDPA on each cache copy ((B, Hkv, S, D) views, enable_gqa)."""
+    fns = []
+    for q, k, v, _ in caches:
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def fn(qh=qh, kh=kh, vh=vh):
+            # A backend that refuses the shape warns at every call; its error is reported in the row instead.
+            with sdpa_kernel(backend), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+        fns.append(fn)
+    return fns
+
+
 def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, paged=True, references=()):
+    """One (B, S) cell. Round 1 times ours, ours without PDL, the reference builds and the SDPA backends in
+    the same rounds; round 2, once the SDPA graphs are freed, ours against the paged caches (which need a
+    second copy of the keys) in rounds of their own."""
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
     row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies)
@@ -166,58 +198,59 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
         q = torch.randn(B, 1, H, D, dtype=dtype, device="cuda")
         caches.append((q, k_cache, v_cache, torch.empty(B, 1, H, D, dtype=dtype, device="cuda")))
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
-    row["ours_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
-    with plain_stream_order():
-        row["ours_plain_ms"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    for label, reference in references:  # other builds of the library on the same caches, right after ours
-        row[f"{label}_ms"] = graph_time_ms([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    if references:
-        row["ours_ms_again"] = graph_time_ms([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    ours = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     q, k_cache, v_cache, out = caches[0]
     qh, kh, vh = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    if B * S <= 32768:  # a spot check of the timed output against fp32 math on batch row 0
+    if B * S <= 32768:  # a spot check of our output (the last replay's) against fp32 math on batch row 0
         ref = F.scaled_dot_product_attention(qh[:1].float(), kh[:1].float().repeat_interleave(H // Hkv, 1),
                                              vh[:1].float().repeat_interleave(H // Hkv, 1))
         row["max_abs_err_vs_fp32"] = (out[:1].transpose(1, 2).float() - ref).abs().max().item()
+    graphs = {"ours": ours}
+    with plain_stream_order():
+        graphs["ours_plain"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    for label, reference in references:  # other builds of the library on the same caches
+        graphs[label] = capture_graph([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    eager = {}
+    if sdpa:
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                fns = sdpa_calls(caches, backend)
+                try:
+                    graphs[f"sdpa_{name}"] = capture_graph(fns)
+                except RuntimeError as capture_error:  # not capturable: timed eagerly after the rounds, and said so
+                    torch.cuda.synchronize()
+                    eager[name] = fns
+                    row[f"sdpa_{name}_timing"] = "eager: " + str(capture_error).splitlines()[0][:100]
+            except Exception as error:  # noqa: BLE001 (a backend that refuses the shape is reported, not fatal)
+                row[f"sdpa_{name}_ms"] = None
+                row[f"sdpa_{name}_error"] = str(error).splitlines()[0][:160]
+    for name, ms in time_graphs_interleaved(graphs, len(caches)).items():
+        row[f"{name}_ms"] = ms
+    for name, fns in eager.items():
+        row[f"sdpa_{name}_ms"] = eager_time_ms(fns)
+    row["ours_GBps"] = kv_bytes / (row["ours_ms"] * 1e-3) / 1e9
+    del graphs, eager
+    torch.cuda.empty_cache()
     if paged:
         paged_args = []
         for q, k, v, o in caches:
             k_pages, v_pages, table = make_paged(k, v, 16)
             paged_args.append((q, k_pages, v_pages, o, table))
-        row["paged16_ms"] = graph_time_ms(
+        graphs = {"ours": ours}
+        graphs["paged16"] = capture_graph(
             [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
-        row["paged16_vs_contig"] = row["paged16_ms"] / row["ours_ms"]
         with environment("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM", "1"):  # the contiguous cache's split count
-            row["paged16_one_per_sm_ms"] = graph_time_ms(
+            graphs["paged16_one_per_sm"] = capture_graph(
                 [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
-        del paged_args, k_pages, v_pages
-    if sdpa:
-        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-            try:
-                fns = []
-                for q, k, v, _ in caches:
-                    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-                    def fn(qh=qh, kh=kh, vh=vh, backend=backend):
-                        # A backend that refuses the shape warns at every call; its error is
-                        # reported in the row instead.
-                        with sdpa_kernel(backend), warnings.catch_warnings():
-                            warnings.simplefilter("ignore", UserWarning)
-                            return F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
-                    fns.append(fn)
-                try:
-                    row[f"sdpa_{name}_ms"] = graph_time_ms(fns)
-                except RuntimeError as capture_error:  # not capturable: timed eagerly, and said so
-                    torch.cuda.synchronize()
-                    row[f"sdpa_{name}_ms"] = eager_time_ms(fns)
-                    row[f"sdpa_{name}_timing"] = "eager: " + str(capture_error).splitlines()[0][:100]
-            except Exception as error:  # noqa: BLE001 (a backend that refuses the shape is reported, not fatal)
-                row[f"sdpa_{name}_ms"] = None
-                row[f"sdpa_{name}_error"] = str(error).splitlines()[0][:160]
-            torch.cuda.empty_cache()
-    del caches
+        paged_ms = time_graphs_interleaved(graphs, len(caches))
+        row["paged16_ms"] = paged_ms["paged16"]
+        row["paged16_one_per_sm_ms"] = paged_ms["paged16_one_per_sm"]
+        row["ours_ms_paged_rounds"] = paged_ms["ours"]
+        row["paged16_vs_contig"] = paged_ms["paged16"] / paged_ms["ours"]
+        row["paged16_one_per_sm_vs_contig"] = paged_ms["paged16_one_per_sm"] / paged_ms["ours"]
+        del graphs, paged_args, k_pages, v_pages
+    del ours, caches
     torch.cuda.empty_cache()
     return row
 
@@ -264,8 +297,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reference-lib", action="append", default=[],
                         help="another build (e.g. the previous commit): its contiguous decode timed on the same "
-                             "caches between two timings of ours (columns ref_ms, ours_ms_again); repeat it for "
-                             "more builds (ref2_ms, ref3_ms, ...)")
+                             "caches in the same rounds as ours (column ref_ms); repeat it for more builds "
+                             "(ref2_ms, ref3_ms, ...)")
     args = parser.parse_args()
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
@@ -286,10 +319,10 @@ def main():
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
                   f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
-                  f"(one block per SM x{row.get('paged16_one_per_sm_ms', 0) / row['ours_ms']:.3f}), "
+                  f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
-                  + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references)
-                  + (f", ours again {row['ours_ms_again'] * 1e3:.1f} us" if references else ""), flush=True)
+                  + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references),
+                  flush=True)
     result["decode"] = rows
     for B, S in ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)):
         name = f"split_sweep_B{B}_S{S // 1024}k"
