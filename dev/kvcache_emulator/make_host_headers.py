@@ -26,6 +26,7 @@ template <int kPending> inline void cp_async_wait() {}
 REPLACEMENTS = [
     ('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n'),
     ('#include "cuda/decode/block_merge.cuh"\n', '#include "block_merge_host.hpp"\n'),
+    ('#include "cuda/decode/query_staging.cuh"\n', '#include "query_staging_host.hpp"\n'),
     ('#include "cuda/sm80/mma.cuh"\n', '#include "mma_shim.hpp"\n'),
     ('#include "cuda/decode/cluster.cuh"\n', ""),  # shim.hpp emulates the cluster operations
     ('#include "cuda/decode/kvcache_launch.hpp"\n', ""),
@@ -50,5 +51,5 @@ kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
                 "constexpr int kMaxHeadDimV = 256; enum class Ring { kCompact, kStandard }; }\n")
 write_host(kk, "kvcache_kernel_host.hpp")
 for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
-                     ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):
+                     ("query_staging.cuh", "query_staging_host.hpp"), ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):
     write_host(open(f"{src}/cuda/decode/{header}").read(), name)

@@ -33,15 +33,16 @@ inline bool cluster_merge_requested() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// Whether a kernel's code on the current device was compiled for a virtual architecture of 9.0 or
-// later: only that code holds the griddepcontrol wait and the cluster operations. Asked once per
-// kernel and device: cudaFuncGetAttributes fills the whole attribute struct, work that every
-// decode call would otherwise repeat for an answer that never changes.
-inline fa_status compiled_for_sm90(const void* kernel, bool* sm90) {
+// *answer for (kernel, the current device, key), computed by compute(answer) the first time and
+// remembered: the attribute and occupancy queries behind these answers fill whole structs, work that
+// every decode call would otherwise repeat for an answer that never changes. Each call site (each
+// Compute type) keeps its own answers.
+template <class Compute>
+fa_status remembered(const void* kernel, int key, bool* answer, Compute&& compute) {
   struct Known {
     const void* kernel;
-    int device;
-    bool sm90;
+    int device, key;
+    bool answer;
   };
   static std::mutex mutex;
   static std::vector<Known> known;
@@ -49,16 +50,25 @@ inline fa_status compiled_for_sm90(const void* kernel, bool* sm90) {
   FA_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
   for (const Known& entry : known) {
-    if (entry.kernel == kernel && entry.device == device) {
-      *sm90 = entry.sm90;
+    if (entry.kernel == kernel && entry.device == device && entry.key == key) {
+      *answer = entry.answer;
       return FA_OK;
     }
   }
-  cudaFuncAttributes attributes{};
-  FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  *sm90 = attributes.ptxVersion >= 90;
-  known.push_back({kernel, device, *sm90});
+  FA_TRY(compute(answer));
+  known.push_back({kernel, device, key, *answer});
   return FA_OK;
+}
+
+// Whether a kernel's code on the current device was compiled for a virtual architecture of 9.0 or
+// later: only that code holds the griddepcontrol wait and the cluster operations.
+inline fa_status compiled_for_sm90(const void* kernel, bool* sm90) {
+  return remembered(kernel, 0, sm90, [&](bool* answer) {
+    cudaFuncAttributes attributes{};
+    FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    *answer = attributes.ptxVersion >= 90;
+    return FA_OK;
+  });
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
@@ -110,7 +120,7 @@ fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
 // device can place such a cluster (cluster sizes above 8 are non-portable: allowed here). Where
 // they can, the kernel's shared-memory and cluster attributes are set for the launch.
 template <class Kernel>
-fa_status can_merge_in_clusters(Kernel kernel, const KvCachePlan& plan, int smem, bool* can) {
+fa_status can_merge_in_clusters(Kernel kernel, const KvCachePlan& plan, int threads, int smem, bool* can) {
   *can = false;
   if (!cluster_merge_requested() || plan.splits < 2 || plan.splits > kMaxClusterSplits) return FA_OK;
   bool sm90 = false;
@@ -118,40 +128,23 @@ fa_status can_merge_in_clusters(Kernel kernel, const KvCachePlan& plan, int smem
   if (!sm90) return FA_OK;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  // The occupancy query once per kernel, device and cluster size.
-  struct Known {
-    const void* kernel;
-    int device, splits;
-    bool fits;
-  };
-  static std::mutex mutex;
-  static std::vector<Known> known;
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  for (const Known& entry : known) {
-    if (entry.kernel == reinterpret_cast<const void*>(kernel) && entry.device == device &&
-        entry.splits == plan.splits) {
-      *can = entry.fits;
-      return FA_OK;
-    }
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(plan.splits);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(plan.splits);
-  config.blockDim = dim3(128);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  FA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  *can = clusters > 0;
-  known.push_back({reinterpret_cast<const void*>(kernel), device, plan.splits, *can});
-  return FA_OK;
+  return remembered(reinterpret_cast<const void*>(kernel), plan.splits, can, [&](bool* fits) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(plan.splits);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(plan.splits);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    FA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    *fits = clusters > 0;
+    return FA_OK;
+  });
 }
 
 // One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
@@ -175,7 +168,7 @@ fa_status launch_mma_walk(CacheWalk walk, const KvCacheParams& p, const KvCacheP
                 : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
                                                 : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
   const int smem = static_cast<int>(Traits::smem_bytes());
-  FA_TRY(can_merge_in_clusters(kernel, plan, smem, merged));
+  FA_TRY(can_merge_in_clusters(kernel, plan, Traits::kThreads, smem, merged));
   if (!*merged) return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, stream);
   const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
   return launch_kernel_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, static_cast<unsigned>(plan.splits),
