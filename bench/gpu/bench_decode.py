@@ -7,8 +7,8 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
 Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
 of 9 rounds that replay every column's graph once (ours, the references, the SDPA backends; the paged caches
-in rounds of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call
-reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
+in rounds of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are
+replicated and the graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
 append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
 launch of the decode kernels), an A/B of that launch in one process; ours_cluster_ms: ours again with
 FLASHATTN_DECODE_CLUSTER=1 (2 .. 16 splits merged in a thread-block cluster, no combine; the same as ours

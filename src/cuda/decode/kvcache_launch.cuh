@@ -74,9 +74,10 @@ inline fa_status compiled_for_sm90(const void* kernel, bool* sm90) {
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
 // kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of
 // the stream still runs, and the kernel's wait_for_prerequisite_grids() holds them until that
-// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
-// virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
-// compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched in plain stream order.
+// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call.
+// Only code compiled for a virtual architecture of 9.0 or later holds that wait, so anything else
+// (an sm_80 GPU, or PTX of compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched
+// in plain stream order.
 // Stream capture turns the attribute into a programmatic edge of the graph. cluster > 1: blocks
 // (x, y, z) .. (x + cluster - 1, y, z) form a cluster (the caller checked that the code is sm_90's).
 template <typename... Params, typename... Args>
