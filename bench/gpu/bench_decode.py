@@ -8,13 +8,11 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
 Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
 of 9 rounds that replay every column's graph once (ours, the references, the SDPA backends; the paged caches
 in rounds of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are
-replicated and the graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification) and a decode step with
-append + rotary. Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent
-launch of the decode kernels), an A/B of that launch in one process; ours_cluster_ms: ours again with
-FLASHATTN_DECODE_CLUSTER=1 (2 .. 16 splits merged in a thread-block cluster, no combine; the same as ours
-where there is one split or more than 16); paged16_one_per_sm_ms: paged 16 again
-with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the
-default, two blocks per SM on paged caches).
+replicated and the graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the
+heuristic's justification) and a decode step with append + rotary. Columns *_plain_ms: ours again with
+FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
+process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
+a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
@@ -210,8 +208,6 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     graphs = {"ours": ours}
     with plain_stream_order():
         graphs["ours_plain"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    with environment("FLASHATTN_DECODE_CLUSTER", "1"):  # the splits merged in a cluster (2 .. 16 splits, sm_90)
-        graphs["ours_cluster"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     for label, reference in references:  # other builds of the library on the same caches
         graphs[label] = capture_graph([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     eager = {}
@@ -325,8 +321,7 @@ def main():
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
-                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us, "
-                  f"splits merged in a cluster {row['ours_cluster_ms'] * 1e3:.1f} us), "
+                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())

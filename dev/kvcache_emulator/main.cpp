@@ -5,7 +5,6 @@
 // usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [head dim: 128, 64]
 //            [block table: 0 identity, 1 reversed] [strides: 0 dense, 1 padded] [left pad]
 //            [ring of the mma kernel: 0 standard, 2 compact (1 was the deep ring, removed in session 22)]
-//            [splits merged: 0 by combine_kernel, 1 in one cluster of the mma kernel's blocks]
 // A reversed table stores logical page i in cache block blocks - 1 - i, so a walk that took a page
 // index for its block reads the wrong keys. Padded strides give K rows and V pages a gap, so a walk
 // that mixed up the row, page or tensor strides reads the gap, which holds NaN (as do the unused rows
@@ -15,7 +14,6 @@
 #include "split_kv_mma_host.hpp"
 #include "split_kv_warp_host.hpp"
 #include <cstdio>
-#include <memory>
 #include <random>
 using namespace flashattn;
 using namespace flashattn::cuda::decode;
@@ -26,43 +24,7 @@ struct Case {
   bool reversed = false, padded = false;
   int left_pad = 0;
   int ring = 0;
-  bool cluster = false;  // the mma kernel's splits merge in one cluster (no partials, no combine)
 };
-
-// One emulated block: its shared memory, block barrier and warps' barriers and shuffle slots.
-struct EmuBlock {
-  std::vector<unsigned char> smem;
-  std::barrier<> bar{128};
-  std::unique_ptr<std::barrier<>> warp_bars[8];
-  std::barrier<>* warp_ptrs[8] = {};
-  float slots[8][32] = {};
-  uint32_t mma_a[8][32][4] = {}, mma_b[8][32][2] = {};
-  explicit EmuBlock(size_t bytes) : smem(bytes) {
-    for (int w = 0; w < 4; ++w) { warp_bars[w] = std::make_unique<std::barrier<>>(32); warp_ptrs[w] = warp_bars[w].get(); }
-  }
-};
-
-// Runs blocks (x0 .. x0 + count - 1, 0, z) at once, 128 threads each; together they are one cluster.
-template <class Kernel>
-void run_blocks(unsigned x0, unsigned count, unsigned z, size_t smem_bytes, Kernel kernel) {
-  std::vector<std::unique_ptr<EmuBlock>> blocks;
-  std::vector<unsigned char*> smems;
-  for (unsigned i = 0; i < count; ++i) { blocks.push_back(std::make_unique<EmuBlock>(smem_bytes)); smems.push_back(blocks.back()->smem.data()); }
-  std::barrier<> cluster(std::ptrdiff_t(128) * count);
-  std::vector<std::thread> threads;
-  for (unsigned i = 0; i < count; ++i)
-    for (unsigned t = 0; t < 128; ++t)
-      threads.emplace_back([&, i, t] {
-        EmuBlock& block = *blocks[i];
-        emu::tid = {t, 0, 0}; emu::bid = {x0 + i, 0, z};
-        emu::block_smem = block.smem.data(); emu::block_barrier = &block.bar;
-        emu::warp_barriers = block.warp_ptrs; emu::warp_slots = block.slots;
-        flashattn::sm80::emu_mma::a_slots = block.mma_a; flashattn::sm80::emu_mma::b_slots = block.mma_b;
-        emu::cluster_barrier = &cluster; emu::cluster_smem = smems.data();
-        kernel();
-      });
-  for (auto& th : threads) th.join();
-}
 
 template <int D>
 int run(const Case& c) {
@@ -119,22 +81,27 @@ int run(const Case& c) {
   const int rows_padded = tiles || mma ? 16 : 4;
   const int splits = c.splits;
   std::vector<float> o_part(size_t(splits) * B * Hkv * 16 * D), lse_part(size_t(splits) * B * Hkv * 16);
-  float* op = splits > 1 && !c.cluster ? o_part.data() : nullptr;
-  float* lp = splits > 1 && !c.cluster ? lse_part.data() : nullptr;
+  float* op = splits > 1 ? o_part.data() : nullptr; float* lp = splits > 1 ? lse_part.data() : nullptr;
   emu::grid = {unsigned(splits), 1, unsigned(B * Hkv)}; emu::block = {128, 1, 1};
-  const size_t smem_bytes = tiles ? TileTraits::smem_bytes() : compact ? CompactTraits::smem_bytes() : mma ? MmaTraits::smem_bytes() : Traits::smem_bytes();
-  auto split_kernel = [&] { if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (compact) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); };
-  for (unsigned z = 0; z < emu::grid.z; ++z) {
-    if (c.cluster) {
-      run_blocks(0, emu::grid.x, z, smem_bytes, split_kernel);
-    } else {
-      for (unsigned x = 0; x < emu::grid.x; ++x) run_blocks(x, 1, z, smem_bytes, split_kernel);
-    }
+  for (unsigned xz = 0; xz < emu::grid.z * emu::grid.x; ++xz) { const unsigned z = xz / emu::grid.x, x = xz % emu::grid.x;
+    std::vector<unsigned char> smem(tiles ? TileTraits::smem_bytes() : compact ? CompactTraits::smem_bytes() : mma ? MmaTraits::smem_bytes() : Traits::smem_bytes());
+    emu::block_smem = smem.data();
+    std::barrier<> bar(128); emu::block_barrier = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (compact) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
+    for (auto& th : threads) th.join();
   }
-  if (splits > 1 && !c.cluster) {
+  if (splits > 1) {
     const unsigned blocks = B * Hkv * 4;  // one per packed row
     emu::grid = {blocks, 1, 1};
-    for (unsigned x = 0; x < blocks; ++x) run_blocks(x, 1, 0, 0, [&] { combine_kernel<E>(p, op, lp, splits, rows_padded); });
+    for (unsigned x = 0; x < blocks; ++x) {
+      std::barrier<> bar(128); emu::block_barrier = &bar;
+      std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
+      std::vector<std::thread> threads;
+      for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, x] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, 0}; combine_kernel<E>(p, op, lp, splits, rows_padded); });
+      for (auto& th : threads) th.join();
+    }
   }
   // reference
   double worst = 0;
@@ -156,7 +123,6 @@ int run(const Case& c) {
     std::printf(" hdim=%d%s%s", D, c.reversed ? " reversed" : "", c.padded ? " padded" : "");
   if (pad > 0) std::printf(" left pad %d", pad);
   if (compact) std::printf(" compact ring");
-  if (c.cluster) std::printf(" cluster merge");
   std::printf(": max |O - fp64| %.3e, lse[0] %f, bits %016llx\n", worst, lse[0], static_cast<unsigned long long>(hash));
   return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
 }
@@ -172,10 +138,6 @@ int main(int argc, char** argv) {
   if (argc > 7) c.padded = atoi(argv[7]) != 0;
   if (argc > 8) c.left_pad = std::max(0, atoi(argv[8]));
   if (argc > 9) c.ring = atoi(argv[9]);
-  if (argc > 10) c.cluster = atoi(argv[10]) != 0;
-  if (c.cluster && (c.kernel != 2 || c.splits < 2 || c.splits > kMaxClusterSplits)) {
-    std::fprintf(stderr, "a cluster merge needs the mma kernel and 2 .. %d splits\n", kMaxClusterSplits); return 2;
-  }
   if (c.ring != 0 && c.kernel != 2) { std::fprintf(stderr, "rings are instances of the mma kernel\n"); return 2; }
   if (c.ring == 1) { std::fprintf(stderr, "ring 1 (deep) was removed: 0 standard, 2 compact\n"); return 2; }
   if (c.reversed && c.page == 0) { std::fprintf(stderr, "a reversed block table needs a paged cache\n"); return 2; }

@@ -21,14 +21,12 @@ template <int kPending> inline void cp_async_wait() {}
 """ + kk[b:]
 # Every header: device includes become the host versions written here (or mma_shim.hpp), extern
 # shared arrays point at the emulated block's shared memory, static shared arrays become statics
-# (one per kernel serves all threads: only the split kernels' blocks of a cluster run at once, and
-# those keep their state in the extern array).
+# (one per kernel serves all threads: the emulator runs one block at a time).
 REPLACEMENTS = [
     ('#include "cuda/decode/kvcache_kernel.cuh"\n', '#include "kvcache_kernel_host.hpp"\n'),
     ('#include "cuda/decode/block_merge.cuh"\n', '#include "block_merge_host.hpp"\n'),
     ('#include "cuda/decode/query_staging.cuh"\n', '#include "query_staging_host.hpp"\n'),
     ('#include "cuda/sm80/mma.cuh"\n', '#include "mma_shim.hpp"\n'),
-    ('#include "cuda/decode/cluster.cuh"\n', ""),  # shim.hpp emulates the cluster operations
     ('#include "cuda/decode/kvcache_launch.hpp"\n', ""),
     ("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu::block_smem;"),
     ("extern __shared__ __align__(16) uint4 smem_chunks[];",

@@ -23,9 +23,7 @@ template <> inline uint16_t Pack2<__half>::bits_of(float x) { return flashattn::
 template <> inline float Pack2<__half>::value_of(uint16_t b) { return flashattn::fp16_to_float(b); }
 
 namespace emu_mma {
-// The fragments the warps of the calling thread's block deposit (main.cpp points these at its block's).
-inline thread_local uint32_t (*a_slots)[32][4] = nullptr;
-inline thread_local uint32_t (*b_slots)[32][2] = nullptr;
+inline uint32_t a_slots[8][32][4], b_slots[8][32][2];
 }
 
 template <typename T>

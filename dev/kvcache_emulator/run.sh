@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Emulates the decode kernels on the CPU under AddressSanitizer (no GPU needed):
 #   bash dev/kvcache_emulator/run.sh        from the repository root
-# Arguments of a case: S page splits kernel [head dim] [reversed table] [padded strides] [left pad] [ring]
-# [cluster merge] (main.cpp).
+# Arguments of a case: S page splits kernel [head dim] [reversed table] [padded strides] [left pad] (main.cpp).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -24,10 +23,6 @@ cases+=("1000 15 3 2" "1000 16 1 2" "1003 17 7 2" "777 24 5 2" "1000 48 2 2" "15
 # The compact ring's instance on every walk.
 cases+=("300 0 1 2 128 0 0 0 2" "1000 0 3 2 128 0 1 0 2" "1000 16 3 2 128 1 0 5 2" "1003 17 7 2 128 1 1 9 2"
   "1000 15 3 2 128 1 0 4 2" "2500 1000 6 2 128 1 1 0 2" "1000 16 3 2 64 0 0 0 2")
-# The splits merged in one cluster (FLASHATTN_DECODE_CLUSTER=1): every walk, both rings, hdim 64, an
-# empty cache, 16 splits (the most a cluster takes).
-cases+=("1000 0 3 2 128 0 0 0 0 1" "1003 17 7 2 128 1 1 9 0 1" "1000 15 4 2 64 1 0 0 0 1" "0 0 4 2 128 0 0 0 0 1"
-  "1000 16 3 2 128 0 0 5 2 1" "4096 0 16 2 128 0 0 0 0 1")
 for args in "${cases[@]}"; do
   "$work/emu" $args
 done

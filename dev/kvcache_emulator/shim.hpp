@@ -27,14 +27,10 @@ struct dim3i { unsigned x = 0, y = 0, z = 0; };
 namespace emu {
 inline thread_local dim3i tid, bid;
 inline dim3i grid, block;
-// The block of the calling thread (main.cpp sets them in each thread: the blocks of a cluster run at once).
-inline thread_local unsigned char* block_smem = nullptr;
-inline thread_local std::barrier<>* block_barrier = nullptr;
-inline thread_local std::barrier<>** warp_barriers = nullptr;  // 8 per block
-inline thread_local float (*warp_slots)[32] = nullptr;        // [8][32] per block
-// Its cluster: every thread of its blocks, and each block's shared memory by rank (blockIdx.x).
-inline thread_local std::barrier<>* cluster_barrier = nullptr;
-inline thread_local unsigned char* const* cluster_smem = nullptr;
+inline unsigned char* block_smem = nullptr;  // set per block (shared by its threads)
+inline std::barrier<>* block_barrier = nullptr;
+inline std::barrier<>* warp_barriers[8];
+inline float warp_slots[8][32];
 }
 #define threadIdx emu::tid
 #define blockIdx emu::bid
@@ -70,12 +66,3 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
 using std::min; using std::max; using std::abs; using std::fmaxf; using std::fmaf;
-// cluster.cuh's operations: the cluster is the grid's x extent, rank blockIdx.x.
-namespace flashattn::cuda::decode {
-inline void cluster_barrier() { emu::cluster_barrier->arrive_and_wait(); }
-inline unsigned cluster_block_rank() { return emu::bid.x; }
-inline const float* cluster_shared(const float* local, unsigned rank) {
-  const auto offset = reinterpret_cast<const unsigned char*>(local) - emu::block_smem;
-  return reinterpret_cast<const float*>(emu::cluster_smem[rank] + offset);
-}
-}  // namespace flashattn::cuda::decode

@@ -2,9 +2,8 @@
 // (fp32 cases run as bf16): O and LSE within the 2x rule of the fp64
 // reference on the gathered cache, the appended cache byte for byte, outputs
 // poisoned on the device, the exact workspace, every split count from 1 to
-// the maximum agreeing with no split, the splits merged in a cluster (sm_90),
-// consecutive calls in a CUDA graph, and a call right after a kernel that
-// writes its inputs late.
+// the maximum agreeing with no split, consecutive calls in a CUDA graph, and a
+// call right after a kernel that writes its inputs late.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -166,46 +165,6 @@ TEST(GpuKvCacheRing, RingsAgreeBitwise) {
     }
   }
   EXPECT_GT(compared, 0) << "no case in the shared list";
-}
-
-// FLASHATTN_DECODE_CLUSTER=1 on compute capability 9.0: the mma kernel's splits (2 .. 16) merge in
-// one thread-block cluster instead of through fp32 partials and the combine. Every shared case with
-// 2, 4 and 16 splits within the 2x rule (the appended cache byte for byte), split counts up to 16
-// agreeing with no split, and a call with 16 splits whose output bits differ from the combine's
-// (the two merges round differently), so the cluster merge is known to have run.
-TEST(GpuKvCacheCluster, SplitsMergeInOneClusterLikeTheCombine) {
-  FA_GPU_TEST_OR_SKIP();
-  if (compute_capability() < 90) GTEST_SKIP() << "thread-block clusters need compute capability 9.0";
-  const ScopedEnv cluster("FLASHATTN_DECODE_CLUSTER", "1");
-  int checked = 0;
-  for (const KvCase& shared : as_gpu(kvcache_cases())) {
-    if (shared.slow) continue;
-    for (int32_t splits : {2, 4, 16}) {
-      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits));
-      KvCase c = shared;
-      c.num_splits = splits;
-      expect_case_matches(c);
-      if (HasFatalFailure()) return;
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 0) << "no case in the shared list";
-  expect_split_counts_agree("paged16_bf16_long_decode_gqa4", {1, 2, 3, 5, 8, 13, 16}, run_on_device);
-  if (HasFatalFailure()) return;
-
-  KvCase c = kvcache_case("paged16_bf16_long_decode_gqa4");
-  c.num_splits = 16;
-  KvProblem merged = make_kv_problem(c);
-  run_on_device(merged);
-  KvProblem combined = make_kv_problem(c);
-  {
-    const ScopedEnv combine("FLASHATTN_DECODE_CLUSTER", "0");
-    run_on_device(combined);
-  }
-  if (HasFatalFailure()) return;
-  expect_kvcache_matches(merged);
-  EXPECT_TRUE(merged.out.bytes() != combined.out.bytes())
-      << "16 splits gave the combine's bits: the cluster merge did not run";
 }
 
 // A shared case with 4 splits (the combine runs; the short case gets the 2 its keys allow) on a

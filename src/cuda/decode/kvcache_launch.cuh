@@ -24,25 +24,15 @@ inline bool early_launch_allowed() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
-// FLASHATTN_DECODE_CLUSTER=1: the splits of the mma kernel merge inside a thread-block cluster
-// (block_merge.cuh) instead of through fp32 partials and combine_kernel, where the launcher can
-// (compiled_for_sm90, at most kMaxClusterSplits splits, clusters that fit the device). Read per
-// call; off by default until it is timed against the combine (dev/kvcache_decode.md v19).
-inline bool cluster_merge_requested() {
-  const char* value = std::getenv("FLASHATTN_DECODE_CLUSTER");
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-// *answer for (kernel, the current device, key), computed by compute(answer) the first time and
-// remembered: the attribute and occupancy queries behind these answers fill whole structs, work that
-// every decode call would otherwise repeat for an answer that never changes. Each call site (each
-// Compute type) keeps its own answers.
-template <class Compute>
-fa_status remembered(const void* kernel, int key, bool* answer, Compute&& compute) {
+// Whether a kernel's code on the current device holds the griddepcontrol wait
+// (PTX of virtual architecture 9.0 or later). Asked once per kernel and device:
+// cudaFuncGetAttributes fills the whole attribute struct, work that every
+// decode call would otherwise repeat for an answer that never changes.
+inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
   struct Known {
     const void* kernel;
-    int device, key;
-    bool answer;
+    int device;
+    bool holds;
   };
   static std::mutex mutex;
   static std::vector<Known> known;
@@ -50,102 +40,46 @@ fa_status remembered(const void* kernel, int key, bool* answer, Compute&& comput
   FA_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
   for (const Known& entry : known) {
-    if (entry.kernel == kernel && entry.device == device && entry.key == key) {
-      *answer = entry.answer;
+    if (entry.kernel == kernel && entry.device == device) {
+      *holds = entry.holds;
       return FA_OK;
     }
   }
-  FA_TRY(compute(answer));
-  known.push_back({kernel, device, key, *answer});
+  cudaFuncAttributes attributes{};
+  FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  *holds = attributes.ptxVersion >= 90;
+  known.push_back({kernel, device, *holds});
   return FA_OK;
-}
-
-// Whether a kernel's code on the current device was compiled for a virtual architecture of 9.0 or
-// later: only that code holds the griddepcontrol wait and the cluster operations.
-inline fa_status compiled_for_sm90(const void* kernel, bool* sm90) {
-  return remembered(kernel, 0, sm90, [&](bool* answer) {
-    cudaFuncAttributes attributes{};
-    FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    *answer = attributes.ptxVersion >= 90;
-    return FA_OK;
-  });
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
 // kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of
 // the stream still runs, and the kernel's wait_for_prerequisite_grids() holds them until that
-// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call.
-// Only code compiled for a virtual architecture of 9.0 or later holds that wait, so anything else
-// (an sm_80 GPU, or PTX of compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched
-// in plain stream order.
-// Stream capture turns the attribute into a programmatic edge of the graph. cluster > 1: blocks
-// (x, y, z) .. (x + cluster - 1, y, z) form a cluster (the caller checked that the code is sm_90's).
+// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
+// virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
+// compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched in plain stream order.
+// Stream capture turns the attribute into a programmatic edge of the graph.
 template <typename... Params, typename... Args>
-fa_status launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
-                                    cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attributes[2] = {};
+fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = attributes;
   if (early_launch_allowed()) {
-    bool sm90 = false;
-    FA_TRY(compiled_for_sm90(reinterpret_cast<const void*>(kernel), &sm90));
-    if (sm90) {
-      attributes[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attributes[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-      ++config.numAttrs;
+    bool holds_wait = false;
+    FA_TRY(holds_grid_dependency_wait(reinterpret_cast<const void*>(kernel), &holds_wait));
+    if (holds_wait) {
+      config.attrs = &attribute;
+      config.numAttrs = 1;
     }
-  }
-  if (cluster > 1) {
-    attributes[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attributes[config.numAttrs].val.clusterDim.x = cluster;
-    attributes[config.numAttrs].val.clusterDim.y = 1;
-    attributes[config.numAttrs].val.clusterDim.z = 1;
-    ++config.numAttrs;
   }
   FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
   return FA_OK;
-}
-
-template <typename... Params, typename... Args>
-fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        Args... args) {
-  return launch_kernel_in_clusters(kernel, grid, block, smem, 1u, stream, args...);
-}
-
-// Whether the mma kernel's splits can merge in one cluster per (row block, batch row x kv head):
-// asked for (cluster_merge_requested), code of sm_90, 2 .. kMaxClusterSplits splits, and the
-// device can place such a cluster (cluster sizes above 8 are non-portable: allowed here). Where
-// they can, the kernel's shared-memory and cluster attributes are set for the launch.
-template <class Kernel>
-fa_status can_merge_in_clusters(Kernel kernel, const KvCachePlan& plan, int threads, int smem, bool* can) {
-  *can = false;
-  if (!cluster_merge_requested() || plan.splits < 2 || plan.splits > kMaxClusterSplits) return FA_OK;
-  bool sm90 = false;
-  FA_TRY(compiled_for_sm90(reinterpret_cast<const void*>(kernel), &sm90));
-  if (!sm90) return FA_OK;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  return remembered(reinterpret_cast<const void*>(kernel), plan.splits, can, [&](bool* fits) {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(plan.splits);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(plan.splits);
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    FA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    *fits = clusters > 0;
-    return FA_OK;
-  });
 }
 
 // One split-KV kernel over grid (splits, row blocks, B * Hkv): every kernel
@@ -160,21 +94,14 @@ fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePl
                        plan.rows_padded);
 }
 
-// The mma kernel's instance for the cache's walk (cache_walk.hpp). *merged: its splits merged in
-// clusters (no partials for combine_kernel).
+// The mma kernel's instance for the cache's walk (cache_walk.hpp).
 template <class Traits, typename Element>
 fa_status launch_mma_walk(CacheWalk walk, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
-                          float* lse_partial, cudaStream_t stream, bool* merged) {
+                          float* lse_partial, cudaStream_t stream) {
   auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
                 : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
                                                 : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
-  const int smem = static_cast<int>(Traits::smem_bytes());
-  FA_TRY(can_merge_in_clusters(kernel, plan, Traits::kThreads, smem, merged));
-  if (!*merged) return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, stream);
-  const dim3 grid(plan.splits, plan.row_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-  return launch_kernel_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, static_cast<unsigned>(plan.splits),
-                                   stream, p, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
-                                   plan.rows_padded);
+  return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, stream);
 }
 
 template <typename Tag, int kHeadDim>
@@ -220,7 +147,6 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   char* base = static_cast<char*>(workspace);
   float* o_partial = plan.splits > 1 ? reinterpret_cast<float*>(base) : nullptr;
   float* lse_partial = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.lse_offset) : nullptr;
-  bool merged = false;  // the splits merged in clusters: no combine
   if constexpr (kKernel == DecodeKernel::kMma) {  // only the chosen kernel is instantiated
     using Standard = SplitKvMmaTraits<Element, kHeadDim, Ring::kStandard>;
     // At hdim 64 the compact ring has the standard one's stages: no second copy of its kernels.
@@ -230,9 +156,9 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     const Ring requested = requested_ring();
     // hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB.
     if (requested != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
-      FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream, &merged));
+      FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     } else {
-      FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, stream, &merged));
+      FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     }
   } else if constexpr (kKernel == DecodeKernel::kWarp) {
     using Four = SplitKvWarpTraits<Element, kHeadDim, 4>;
@@ -249,7 +175,7 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     FA_TRY(launch_split_kv<Traits>(split_kv_kernel<Traits, Element>, p, plan, o_partial, lse_partial,
                                    stream));
   }
-  if (plan.splits > 1 && !merged) {
+  if (plan.splits > 1) {
     const unsigned blocks = static_cast<unsigned>(batch_heads * rows);  // one per packed row
     FA_TRY(launch_kernel(combine_kernel<Element>, dim3(blocks), dim3(kCombineThreads), 0, stream, p, o_partial,
                          lse_partial, plan.splits, plan.rows_padded));

@@ -72,10 +72,7 @@ struct SplitKvMmaTraits {
   // staged as fp32 (kRows, kHeadDim) for the fragments. The ring becomes the merge buffer after the loop.
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }
   static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
-  // The warps' states, then the block's merged state (the in-cluster merge reads it from other blocks).
-  static constexpr size_t merge_bytes() {
-    return BlockStates<kWarps, kRows, kHeadDim>::bytes() + BlockStates<1, kRows, kHeadDim>::bytes();
-  }
+  static constexpr size_t merge_bytes() { return BlockStates<kWarps, kRows, kHeadDim>::bytes(); }
   static constexpr size_t smem_bytes() { return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes(); }
 };
 
@@ -136,9 +133,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }
 
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
-// else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded);
-// or, with several splits and no partials (o_partial == nullptr), the launch is a cluster of the
-// splits (sm_90) and they merge in shared memory and write out/lse themselves (block_merge.cuh).
+// else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 // kWalk: how the instance steps a lane's key streams through the cache (the host
 // picks it with cache_walk, cache_walk.hpp).
 template <typename Traits, typename Element, CacheWalk kWalk>
@@ -567,13 +562,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         for (int e = 0; e < 2; ++e) o_row[64 * h + 8 * (2 * t + e) + i] = o_acc[8 * h + i][2 * half + e];
   }
   __syncthreads();
-  if (gridDim.x > 1 && o_partial == nullptr) {
-    const BlockStates<1, kRows, kHeadDim> block_state(
-        reinterpret_cast<float*>(smem + BlockStates<Traits::kWarps, kRows, kHeadDim>::bytes()));
-    merge_warps(p, states, block_state, nrows);
-    merge_cluster_and_store<kRows, kHeadDim, Element>(p, block_state, nrows, r0, b, hkv);
-    return;
-  }
   merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
                                                             rows_padded);
 }
