@@ -243,7 +243,8 @@ constexpr int64_t kSm90PersistentMaxKeys128 = 4096, kSm90PersistentMaxKeys64 = 4
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
   const int64_t m_blocks = (params.seqlen_q + kSm90FwdBlockM - 1) / kSm90FwdBlockM;
-  if (m_blocks * params.heads * params.batch > INT32_MAX) return false;  // tile numbers are 32-bit
+  // Tile numbers are 32-bit: every index (paired, up to m_blocks + 1 per pair) and one stride past the last.
+  if ((m_blocks + 1) * params.heads * params.batch > INT32_MAX - 4096) return false;
   const char* forced = std::getenv("FLASHATTN_SM90_PERSISTENT");
   if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;

@@ -24,13 +24,14 @@ constexpr int default_schedule(int head_dim) { return head_dim <= 64 ? 3 : 2; }
 // head) pairs whose K/V fit in half the L2, so the K/V a section reads stay
 // resident while all its query tiles run; the other half is left to the Q
 // and O streams and to the next section's first K/V tiles.
-inline sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes, int block_m) {
+template <bool kPaired>
+sm90::FwdTileOrder make_tile_order(const FwdParams& params, int l2_bytes, int block_m) {
   sm90::FwdTileOrder order;
   order.group = static_cast<int>(params.heads / params.heads_kv);
   order.m_blocks = static_cast<int>((params.seqlen_q + block_m - 1) / block_m);
   order.heads = static_cast<int>(params.heads);
   order.pairs = static_cast<int>(params.heads * params.batch);
-  order.tiles = order.m_blocks * order.pairs;
+  order.tiles = sm90::fwd_tile_indices_per_pair<kPaired>(order.m_blocks) * order.pairs;
   // The query heads of a GQA group share one K/V head: each pair costs a group's share.
   const int64_t kv_bytes_per_pair =
       std::max<int64_t>(params.seqlen_k * (params.head_dim + params.head_dim_v) * 2 / order.group, 1);
@@ -102,9 +103,10 @@ fa_status launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
     if constexpr (Traits::kConsumers != 1) {  // no persistent kernel with one consumer (checked above)
       int multiprocessors = 0, l2_bytes = 0;
       FA_TRY(device_multiprocessors_and_l2(params.device_index, &multiprocessors, &l2_bytes));
-      args.order = make_tile_order(params, l2_bytes, Traits::kBlockM);
+      args.order = make_tile_order<Traits::kMaskDiagonal>(params, l2_bytes, Traits::kBlockM);
       // One CTA per SM: its threads at their registers take the whole register file.
-      const dim3 grid(static_cast<unsigned>(std::min(args.order.tiles, multiprocessors)));
+      const int units = args.order.tiles / sm90::fwd_tiles_per_unit<Traits::kMaskDiagonal>();
+      const dim3 grid(static_cast<unsigned>(std::min(units, multiprocessors)));
       auto kernel = pick(std::false_type{}, std::true_type{});
       constexpr int kSmemBytes = Traits::template smem_bytes<true>();
       FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));

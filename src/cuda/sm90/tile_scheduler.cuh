@@ -5,11 +5,14 @@
 //
 // Two modes, chosen at compile time (kPersistent):
 //   one tile per CTA: grid (m_blocks, heads, batch), m reversed for diagonal
-//     masks (the last query tiles see the most keys, so they start first);
-//   persistent: grid = min(tiles, SMs) (one CTA per SM fits the register file),
-//     CTA c takes tiles c, c + gridDim.x, c + 2 gridDim.x, ... of FwdTileOrder.
-//     Static striding needs no counter in global memory, so the launch needs no
-//     workspace and replays unchanged in CUDA graphs and on concurrent streams.
+//     masks (the last query tiles see the most keys, so they start first; the
+//     hardware hands each free SM the next CTA, which balances the lengths);
+//   persistent: grid = min(units, SMs) (one CTA per SM fits the register file),
+//     CTA c takes units c, c + gridDim.x, c + 2 gridDim.x, ... of FwdTileOrder,
+//     a unit being one tile, or under a diagonal mask two tiles of equal total
+//     length (tile_order.hpp). Static striding needs no counter in global
+//     memory, so the launch needs no workspace and replays unchanged in CUDA
+//     graphs and on concurrent streams.
 #pragma once
 
 #include "cuda/sm80/kernel_traits.cuh"  // SequenceBounds, sequence_bounds
@@ -17,19 +20,23 @@
 
 namespace flashattn::sm90 {
 
-template <bool kPersistent, bool kLongestFirst>
+template <bool kPersistent, bool kMaskDiagonal>
 struct FwdTileScheduler {
-  __device__ __forceinline__ static int first() { return kPersistent ? static_cast<int>(blockIdx.x) : 0; }
-  __device__ __forceinline__ static int next(int t) { return kPersistent ? t + static_cast<int>(gridDim.x) : t + 1; }
+  __device__ __forceinline__ static int first() {
+    return kPersistent ? fwd_first_tile_index<kMaskDiagonal>(static_cast<int>(blockIdx.x)) : 0;
+  }
+  __device__ __forceinline__ static int next(int t) {
+    return kPersistent ? fwd_next_tile_index<kMaskDiagonal>(t, static_cast<int>(gridDim.x)) : t + 1;
+  }
   __device__ __forceinline__ static bool valid(const FwdTileOrder& order, int t) {
     return kPersistent ? t < order.tiles : t == 0;
   }
   __device__ __forceinline__ static FwdTile tile(const FwdTileOrder& order, int t) {
     if constexpr (kPersistent) {
-      return fwd_tile_at<kLongestFirst>(order, t);
+      return fwd_tile_at<kMaskDiagonal>(order, t);
     } else {
       FwdTile tile;
-      tile.m_block = kLongestFirst ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+      tile.m_block = kMaskDiagonal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
       tile.h = blockIdx.y;
       tile.b = blockIdx.z;
       return tile;
