@@ -17,11 +17,10 @@
 // dropout stays on the sm80 path (the dispatcher routes it there).
 #pragma once
 
-#include <cuda.h>  // CUtensorMap (types only: the driver is reached through the runtime)
-
 #include <cuda/ptx>
 
 #include "cuda/sm80/kernel_traits.cuh"  // SequenceBounds, ScoreTransform, exp2_approx, Pack2
+#include "cuda/sm90/fwd_producer.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -86,39 +85,11 @@ struct FwdTraits {
   }
 };
 
-// The kernel's argument block: the tensor maps (64-byte aligned, first), the
-// flat params and the persistent tile order. Q and O rows are (col, row, head,
-// batch) maps with boxes of (64, kBlockM); K and V (64, kBlockN). Varlen maps
-// have batch extent 1.
-struct FwdKernelArgs {
-  CUtensorMap tma_q, tma_k, tma_v;
-  FwdParams params;
-  FwdTileOrder order;  // the persistent kernels' tile order; group in every kernel
-};
-
 // How far (log2 units of the scaled score) a key tile's row maximum may rise
 // above the row's reference maximum before the reference moves and O is
 // rescaled (the softmax in fwd_kernel). A constant: read from the kernel's
 // arguments it cost the diagonal-mask kernels up to 160 bytes of spills.
 constexpr float kRescaleSlack = 8.0f;
-
-// Shared-memory bookkeeping: barrier slots after the tiles.
-struct Barriers {
-  uint64_t q_full, q_empty;
-  uint64_t k_full[2], k_empty[2];
-  uint64_t v_full[2], v_empty[2];
-};
-
-__device__ __forceinline__ void wait_barrier(uint64_t* barrier, uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-
-__device__ __forceinline__ void tma_load(void* smem, const CUtensorMap* map, int col, int row, int head, int batch,
-                                         uint64_t* barrier) {
-  const int32_t coords[4] = {col, row, head, batch};
-  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, map, coords, barrier);
-}
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -132,54 +103,6 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 FA_HOST_DEVICE int swizzled_offset(int rows, int row, int col) {
   const int chunk = (col & 63) >> 3;
   return (col >> 6) * rows * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + (col & 7) * 2;
-}
-
-// Thread 0 of the producer warpgroup: the TMA loads of every tile of the
-// CTA with keys. kv_it counts the key tiles loaded so far (stage kv_it % 2),
-// q_it the Q tiles: both run on across tiles, as the consumers' counters do.
-template <class Traits, class Scheduler>
-__device__ __forceinline__ void produce(const FwdKernelArgs& args, uint8_t* sQ, uint8_t* sK, uint8_t* sV,
-                                        Barriers* bars) {
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  int kv_it = 0, q_it = 0;
-  for (int t = Scheduler::first(); Scheduler::valid(args.order, t); t = Scheduler::next(t)) {
-    const FwdTile tile = Scheduler::tile(args.order, t);
-    const SequenceBounds seq = sequence_bounds(args.params, tile.b);
-    const int m0 = tile.m_block * kBlockM;
-    if (m0 >= seq.len_q) continue;
-    const KeyBlockRange keys = key_block_range<kBlockN>(tile_mask(args.params, seq), m0, min(kBlockM, seq.len_q - m0));
-    if (keys.empty) continue;
-    const int batch = args.params.is_varlen ? 0 : tile.b;
-    const int h_kv = tile.h / args.order.group;
-    // The consumers release Q after the last S GEMM of the previous tile.
-    if (q_it > 0) wait_barrier(&bars->q_empty, (q_it - 1) & 1);
-    ++q_it;
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, &bars->q_full, Traits::kQBytes);
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-      tma_load(sQ + cb * kBlockM * 128, &args.tma_q, cb * 64, static_cast<int>(seq.q_row0) + m0, tile.h, batch,
-               &bars->q_full);
-    for (int n_block = keys.last - 1; n_block >= keys.first; --n_block, ++kv_it) {
-      const int stage = kv_it & 1;
-      const uint32_t parity = ((kv_it >> 1) & 1) ^ 1;  // the release of iteration kv_it - 2
-      const int row = static_cast<int>(seq.k_row0) + n_block * kBlockN;
-      if (kv_it >= 2) wait_barrier(&bars->k_empty[stage], parity);
-      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &bars->k_full[stage], Traits::kKVBytes);
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-        tma_load(sK + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_k, cb * 64, row, h_kv, batch,
-                 &bars->k_full[stage]);
-      if (kv_it >= 2) wait_barrier(&bars->v_empty[stage], parity);
-      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &bars->v_full[stage], Traits::kKVBytes);
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-        tma_load(sV + stage * Traits::kKVBytes + cb * kBlockN * 128, &args.tma_v, cb * 64, row, h_kv, batch,
-                 &bars->v_full[stage]);
-    }
-  }
 }
 
 // kExtras: softcap or ALiBi present (dropout never reaches this kernel).
@@ -241,7 +164,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Traits::kConsumerRegisters) : "memory");
 
-  const int wg = warpgroup - 1;      // consumer wg: tile rows [64 wg, 64 wg + 64)
+  // Dense kernels: the consumer index is read through a shuffle from lane 0, so that the compiler
+  // knows it is the same in every lane and keeps sQ's address and the wgmma descriptors in uniform
+  // registers, and each wgmma's descriptor is its tile start's plus an offset (desc_advance), one
+  // add where building it anew took a mask, shifts and an or, for Q in vector registers moved
+  // over before every wgmma (ncu, session 25: ~90 of the 518 instructions per warp and key tile
+  // at hdim 128). H100, same rounds: dense hdim 128 +2-4 % at 4k-16k in 18 of 18 cells (three
+  // passes), hdim 256 +2-4 % and hdim 64 0.98-1.02x at 4k-16k (one pass); the diagonal kernels
+  // with it 0.97-1.01x (causal 4k 0.97-0.99x), so they keep both as they were.
+  constexpr bool kUniformOperands = !Traits::kMaskDiagonal;
+  // Consumer wg: tile rows [64 wg, 64 wg + 64).
+  const int wg = kUniformOperands ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
   const int wtid = tid % 128, lane = tid & 31, warp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row_in_tile = wg * 64 + warp * 16 + g;  // + 8 r for the second row of the thread
@@ -338,27 +271,36 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
 
     // The pieces of one key tile. S = Q K^T of stage `stage` into acc_s (issued, not waited).
     auto issue_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
+      const uint64_t q_start = desc_k_major(sQ_addr), k_start = desc_k_major(sK_addr + stage * Traits::kKVBytes);
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
         const uint32_t block = (k / 4) * 128, step_bytes = (k % 4) * 32;
-        const uint64_t desc_q = desc_k_major(sQ_addr + block * kBlockM + step_bytes);
-        const uint64_t desc_k = desc_k_major(sK_addr + stage * Traits::kKVBytes + block * kBlockN + step_bytes);
-        WgmmaSS<T, kBlockN>::run(acc_s, desc_q, desc_k, k > 0 ? 1 : 0);
+        const uint32_t q_offset = block * kBlockM + step_bytes, k_offset = block * kBlockN + step_bytes;
+        if constexpr (kUniformOperands) {
+          WgmmaSS<T, kBlockN>::run(acc_s, desc_advance(q_start, q_offset), desc_advance(k_start, k_offset),
+                                   k > 0 ? 1 : 0);
+        } else {
+          WgmmaSS<T, kBlockN>::run(acc_s, desc_k_major(sQ_addr + q_offset),
+                                   desc_k_major(sK_addr + stage * Traits::kKVBytes + k_offset), k > 0 ? 1 : 0);
+        }
       }
       wgmma_commit();
     };
     uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
     // O += P V of stage `stage` (issued, not waited).
     auto issue_pv = [&](int stage) {
+      const uint64_t v_start = desc_mn_major(sV_addr + stage * Traits::kKVBytes, kBlockN * 128);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
         for (int c = 0; c < kOChunks; ++c) {
           // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
           // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
-          const uint32_t address =
-              sV_addr + stage * Traits::kKVBytes + kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
-          WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_mn_major(address, kBlockN * 128), 1);
+          const uint32_t offset = kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
+          const uint64_t desc_v = kUniformOperands
+                                      ? desc_advance(v_start, offset)
+                                      : desc_mn_major(sV_addr + stage * Traits::kKVBytes + offset, kBlockN * 128);
+          WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_v, 1);
         }
       }
       wgmma_commit();

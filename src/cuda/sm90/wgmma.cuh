@@ -50,6 +50,15 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_addr, uint32_t b
   return make_smem_desc(smem_addr, block_bytes, 1024);
 }
 
+// The descriptor of a start `bytes` (a multiple of 16) further on. The start field is the low 14
+// bits, address >> 4, and every shared address the kernels form lies below 2^18 (228 KiB of shared
+// memory), so adding bytes >> 4 to the low word never carries out of the field and equals building
+// the descriptor anew: one add per wgmma where make_smem_desc took a mask, a shift and an or.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t start = static_cast<uint32_t>(desc) + (bytes >> 4), rest = static_cast<uint32_t>(desc >> 32);
+  return (uint64_t(rest) << 32) | start;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
