@@ -222,11 +222,13 @@ int sm90_schedule_override() {
 // plain kernels under schedules v2 and v3; softcap/ALiBi and v1 stay one tile
 // per CTA. FLASHATTN_SM90_PERSISTENT=1 turns it on per call, =0 off (A/B in
 // one process). Default:
-// - class 128 up to 4,096 keys, where each tile is short and the next tile's
-//   Q/K loads, issued during this one's epilogue, save most of a CTA's serial
-//   start and end: session 13 (H200, runs 1-2) 1.08-1.09x one tile per CTA at
-//   1k, equal at 4k, 0.94-0.97x at 8k-16k; session 15 (runs 3 and 5) 1.03-1.04x
-//   at 2k; session 24 (H100, four passes) 1.03-1.04x at 4k, 1.01-1.03x at 8k;
+// - class 128 up to 8,192 keys, where the next tile's Q/K loads, issued during
+//   this one's epilogue, save most of a CTA's serial start and end: session 13
+//   (H200, runs 1-2, an older kernel) 1.08-1.09x one tile per CTA at 1k, equal
+//   at 4k, 0.94-0.97x at 8k-16k; session 15 (runs 3 and 5) 1.03-1.04x at 2k;
+//   on the H100 with today's kernels 1.03-1.04x at 4k and at 8k 1.01-1.06x in
+//   every run of sessions 24-26 (bf16 and fp16), 0.96-1.01x at 16k (up to
+//   4,096 keys until session 26; no H200 has run these kernels at 8k);
 // - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
 //   conditional rescale (session 15, runs 1-3, same rounds) persistent / tile
 //   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.01x at
@@ -237,7 +239,7 @@ int sm90_schedule_override() {
 // session 24, bf16 and fp16: 1.11-1.14x at 2k, 1.07-1.08x at 4k, 1.10-1.14x at
 // 8k, 1.17-1.20x at 16k). At classes 64 and 256 and under sliding windows it
 // trails or was not measured.
-constexpr int64_t kSm90PersistentMaxKeys128 = 4096, kSm90PersistentMaxKeys64 = 4096,
+constexpr int64_t kSm90PersistentMaxKeys128 = 8192, kSm90PersistentMaxKeys64 = 4096,
                   kSm90PersistentMinKeys256 = 2049;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {

@@ -99,7 +99,7 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
 // measured faster: without a mask at head-dim class 64 up to 4,096 keys, class
-// 128 (D up to 128 above 64) up to 4,096, class 256 from 2,049 on; one tile per
+// 128 (D up to 128 above 64) up to 8,192, class 256 from 2,049 on; one tile per
 // CTA under every diagonal mask, elsewhere, and wherever a consumer count is
 // asked for.
 TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
@@ -116,8 +116,8 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
   };
   const Shape shapes[] = {
       {128, 256, 1024, false, -1, "cuda-sm90-persistent"},  {96, 256, 300, false, -1, "cuda-sm90-persistent"},
-      {128, 256, 4097, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
-      {128, 256, 4096, false, -1, "cuda-sm90-persistent"},
+      {128, 256, 8193, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
+      {128, 256, 8192, false, -1, "cuda-sm90-persistent"},
       {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
       {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
       {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
