@@ -229,18 +229,19 @@ int sm90_schedule_override() {
 //   on the H100 with today's kernels 1.03-1.04x at 4k and at 8k 1.01-1.06x in
 //   every run of sessions 24-26 (bf16 and fp16), 0.96-1.01x at 16k (up to
 //   4,096 keys until session 26; no H200 has run these kernels at 8k);
-// - class 64 up to 4,096 keys and class 256 from 2,049 keys on: since the
+// - class 64 at every length and class 256 from 2,049 keys on: since the
 //   conditional rescale (session 15, runs 1-3, same rounds) persistent / tile
 //   was 1.03-1.05x at class 64 with 1k keys, 1.00-1.04x at 4k, 0.98-1.01x at
-//   8k-16k; at class 256 0.97-0.98x with 1k keys, 1.02-1.06x at 4k-16k;
+//   8k-16k (so up to 4,096 keys until session 26); with the row sums on the
+//   tensor cores (session 26, H100) 1.05-1.10x at 8k-16k; at class 256
+//   0.97-0.98x with 1k keys, 1.02-1.06x at 4k-16k;
 // Never under a diagonal mask. Causal class 128 was persistent from 1,025 to
 // 8,192 queries (H200, session 15: 1.01-1.05x at 2k-8k) until its kernels got
 // the conditional rescale: then one tile per CTA led at every length (H100,
 // session 24, bf16 and fp16: 1.11-1.14x at 2k, 1.07-1.08x at 4k, 1.10-1.14x at
 // 8k, 1.17-1.20x at 16k). At classes 64 and 256 and under sliding windows it
 // trails or was not measured.
-constexpr int64_t kSm90PersistentMaxKeys128 = 8192, kSm90PersistentMaxKeys64 = 4096,
-                  kSm90PersistentMinKeys256 = 2049;
+constexpr int64_t kSm90PersistentMaxKeys128 = 8192, kSm90PersistentMinKeys256 = 2049;
 
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal) {
   if (params.softcap > 0.0f || params.alibi_slopes != nullptr || sm90_schedule_override() == 1) return false;
@@ -252,7 +253,7 @@ bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool m
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
   if (std::getenv("FLASHATTN_SM90_FWD_CONSUMERS") != nullptr) return false;  // the consumer count asked for
   if (mask_diagonal) return false;
-  if (head_dim_class == 64) return params.seqlen_k <= kSm90PersistentMaxKeys64;
+  if (head_dim_class == 64) return true;
   if (head_dim_class == 128) return params.seqlen_k <= kSm90PersistentMaxKeys128;
   return head_dim_class == 256 && params.seqlen_k >= kSm90PersistentMinKeys256;
 }

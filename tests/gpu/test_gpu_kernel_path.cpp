@@ -98,7 +98,7 @@ TEST(GpuKernelPath, PersistentSwitchSelectsThePersistentForward) {
 }
 
 // Without FLASHATTN_SM90_PERSISTENT the persistent forward runs where it
-// measured faster: without a mask at head-dim class 64 up to 4,096 keys, class
+// measured faster: without a mask at head-dim class 64 at every length, class
 // 128 (D up to 128 above 64) up to 8,192, class 256 from 2,049 on; one tile per
 // CTA under every diagonal mask, elsewhere, and wherever a consumer count is
 // asked for.
@@ -119,7 +119,7 @@ TEST(GpuKernelPath, PersistentByDefaultWhereItMeasuredFaster) {
       {128, 256, 8193, false, -1, "cuda-sm90"},             {128, 256, 1024, true, -1, "cuda-sm90"},
       {128, 256, 8192, false, -1, "cuda-sm90-persistent"},
       {128, 256, 512, false, 64, "cuda-sm90"},              {64, 256, 4096, false, -1, "cuda-sm90-persistent"},
-      {64, 256, 4097, false, -1, "cuda-sm90"},              {64, 256, 1024, true, -1, "cuda-sm90"},
+      {64, 256, 16384, false, -1, "cuda-sm90-persistent"},              {64, 256, 1024, true, -1, "cuda-sm90"},
       {256, 256, 2048, false, -1, "cuda-sm90"},             {256, 256, 2049, false, -1, "cuda-sm90-persistent"},
       {256, 256, 4096, true, -1, "cuda-sm90"},              {128, 1025, 1025, true, -1, "cuda-sm90"},
       {128, 1024, 4096, true, -1, "cuda-sm90"},             {128, 2048, 8192, true, -1, "cuda-sm90"},

@@ -54,8 +54,19 @@ struct FwdTraits {
   // than 128 on the H200: session 15, dev/sm90_log.md.)
   static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim == 128 && kConsumers_ >= 2) ? 128 : 64;
   static constexpr int kColBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks per row
-  static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // N of one P V instruction
+  static constexpr int kNO = kHeadDim < 128 ? kHeadDim : 128;  // columns of O per P V instruction
   static constexpr int kOChunks = kHeadDim / kNO;
+  // Hdim 64, three consumers: the row sums of P on the tensor cores. P V runs
+  // N = 72, V's 64 columns and 8 from a block of ones after the V stages, so
+  // each thread's accumulators of columns 64.. hold its rows' sums of P (of P
+  // as rounded for the GEMM), scaled with O by every correction: the softmax
+  // drops its 64 FADDs per thread and key tile and the compensation, for 12.5 %
+  // more P V work. H100, same rounds (session 26): the persistent kernel
+  // 1.04-1.09x the old default at 8k-16k, the causal one 1.00-1.04x; with one
+  // consumer (64-row tiles, no second warpgroup to cover the longer P V)
+  // 0.95-0.98x, so not there.
+  static constexpr int kSumColumns = kHeadDim == 64 && kConsumers_ == 3 ? 8 : 0;
+  static constexpr int kNPV = kNO + kSumColumns;  // N of one P V instruction
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: the register file (64 K) split between the producer warpgroup and the consumers.
   static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
@@ -67,8 +78,9 @@ struct FwdTraits {
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // (kBlockM, kHeadDim), later O
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // (kBlockN, kHeadDim)
+  static constexpr int kOnesBytes = kSumColumns > 0 ? kKVBytes : 0;  // (kBlockN, 64) of ones
   static constexpr int kBarrierBytes = 64;
-  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kOnesBytes + kBarrierBytes;
   static_assert(kHeadDim % 64 == 0, "column blocks of 64 elements");
   static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "shared memory per SM");
   // The persistent kernel stages O in a buffer of its own (1024-byte aligned
@@ -76,7 +88,7 @@ struct FwdTraits {
   // fits (every class but 256) and without a diagonal mask (the hdim-128
   // persistent diagonal kernel spilled 44 bytes with it in session 15; in
   // session 24 it compiled without spills but ran 0.97-1.02x, so not there).
-  static constexpr int kOffsetPersistentO = kQBytes + 2 * kStages * kKVBytes + 1024;
+  static constexpr int kOffsetPersistentO = kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;
   static constexpr int kPersistentSmemBytes = 1024 + kOffsetPersistentO + kQBytes;
   static constexpr bool kPersistentStagesO = kPersistentSmemBytes <= 227 * 1024 && !kMaskDiagonal;
   template <bool kPersistent>
@@ -120,7 +132,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using Scheduler = FwdTileScheduler<kPersistent, Traits::kMaskDiagonal>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kNTilesS = kBlockN / 8;  // n8 column groups of S per thread row
-  constexpr int kNO = Traits::kNO, kOChunks = Traits::kOChunks;
+  constexpr int kNO = Traits::kNO, kOChunks = Traits::kOChunks, kNPV = Traits::kNPV;
+  constexpr bool kSumOnTensorCores = Traits::kSumColumns > 0;
   const FwdParams& params = args.params;
 
   extern __shared__ unsigned char smem_raw[];
@@ -129,7 +142,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   uint8_t* sQ = smem;                                      // kColBlocks x (kBlockM, 64)
   uint8_t* sK = sQ + Traits::kQBytes;                      // kStages x kColBlocks x (kBlockN, 64)
   uint8_t* sV = sK + Traits::kStages * Traits::kKVBytes;   // kStages x kColBlocks x (kBlockN, 64)
-  Barriers* bars = reinterpret_cast<Barriers*>(sV + Traits::kStages * Traits::kKVBytes);
+  uint8_t* sOnes = sV + Traits::kStages * Traits::kKVBytes;  // (kBlockN, 64) of ones where kSumOnTensorCores
+  Barriers* bars = reinterpret_cast<Barriers*>(sOnes + Traits::kOnesBytes);
   // Where the epilogue stages O: this warpgroup's rows of sQ (one tile per
   // CTA), a buffer of its own (persistent), or nowhere (persistent, class 256:
   // stored from the accumulators).
@@ -153,6 +167,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       ::cuda::ptx::mbarrier_init(&bars->v_empty[s], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  if constexpr (kSumOnTensorCores) {
+    const uint32_t one = Pack2<T>::pack(1.0f, 1.0f);
+    for (int i = tid; i < Traits::kOnesBytes / 16; i += Traits::kThreads)
+      reinterpret_cast<uint4*>(sOnes)[i] = make_uint4(one, one, one, one);
+    ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // generic writes -> wgmma's async-proxy reads
   }
   __syncthreads();
 
@@ -257,14 +277,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     const int visible_end = static_cast<int>(whole_tiles.end);
     const SmemAddresses smem_addresses = kHeadDim <= 128 ? hoisted_addresses : operand_addresses();
     const uint32_t sQ_addr = smem_addresses.q, sK_addr = smem_addresses.k, sV_addr = smem_addresses.v;
-    float acc_o[kOChunks][kNO / 2];  // (64, kHeadDim) of this warpgroup, chunks of kNO columns
+    // (64, kHeadDim) of this warpgroup, chunks of kNO columns (and the row sums after them).
+    float acc_o[kOChunks][kNPV / 2];
 #pragma unroll
     for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
-      for (int i = 0; i < kNO / 2; ++i) acc_o[c][i] = 0.0f;
+      for (int i = 0; i < kNPV / 2; ++i) acc_o[c][i] = 0.0f;
     // Same invariant as the sm80 kernel: row_max is the max of the row's scores
-    // so far (kernel units), acc_o and row_sum (Kahan-compensated by row_error)
-    // are sums of exp2((s - row_max) * log2_scale).
+    // so far (kernel units), acc_o and row_sum (Kahan-compensated by row_error;
+    // unused where kSumOnTensorCores) are sums of exp2((s - row_max) * log2_scale).
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, row_error[2] = {0.0f, 0.0f};
 
     wait_barrier(&bars->q_full, q_it & 1);
@@ -289,7 +310,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
     // O += P V of stage `stage` (issued, not waited).
     auto issue_pv = [&](int stage) {
-      const uint64_t v_start = desc_mn_major(sV_addr + stage * Traits::kKVBytes, kBlockN * 128);
+      // Column blocks of V are kBlockN * 128 bytes apart (the leading offset);
+      // with the sums the block after V's one is the ones after the stages.
+      const uint32_t v_stage = sV_addr + stage * Traits::kKVBytes;
+      const uint32_t leading_bytes =
+          kSumOnTensorCores ? (Traits::kStages - stage) * Traits::kKVBytes : kBlockN * 128;
+      const uint64_t v_start = desc_mn_major(v_stage, leading_bytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
@@ -297,10 +323,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
           // Keys 16 kk.. are rows 16 kk.. of every column block; chunk c starts at
           // column block c * kNO / 64; column blocks are kBlockN * 128 bytes apart.
           const uint32_t offset = kk * 16 * 128 + (c * kNO / 64) * kBlockN * 128;
-          const uint64_t desc_v = kUniformOperands
-                                      ? desc_advance(v_start, offset)
-                                      : desc_mn_major(sV_addr + stage * Traits::kKVBytes + offset, kBlockN * 128);
-          WgmmaRS<T, kNO>::run(acc_o[c], a_p[kk], desc_v, 1);
+          const uint64_t desc_v =
+              kUniformOperands ? desc_advance(v_start, offset) : desc_mn_major(v_stage + offset, leading_bytes);
+          WgmmaRS<T, kNPV>::run(acc_o[c], a_p[kk], desc_v, 1);
         }
       }
       wgmma_commit();
@@ -375,8 +400,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
         // compounds over the key tiles).
         correction[r] = exp2_approx((row_max[r] - safe_max) * log2_scale);
         row_max[r] = new_max;
-        row_sum[r] *= correction[r];
-        row_error[r] *= correction[r];
         float sum[2] = {0.0f, 0.0f};  // two partial sums: half the dependent chain
 #pragma unroll
         for (int ni = 0; ni < kNTilesS; ++ni) {
@@ -384,12 +407,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
           float& p1 = acc_s[ni * 4 + r * 2 + 1];
           p0 = exp2_approx(p0 * log2_scale - offset);
           p1 = exp2_approx(p1 * log2_scale - offset);
-          sum[ni & 1] += p0 + p1;
+          if constexpr (!kSumOnTensorCores) sum[ni & 1] += p0 + p1;
         }
-        const float addend = (sum[0] + sum[1]) - row_error[r];
-        const float total = row_sum[r] + addend;
-        row_error[r] = (total - row_sum[r]) - addend;
-        row_sum[r] = total;
+        if constexpr (!kSumOnTensorCores) {  // (else P V adds the row sums)
+          row_sum[r] *= correction[r];
+          row_error[r] *= correction[r];
+          const float addend = (sum[0] + sum[1]) - row_error[r];
+          const float total = row_sum[r] + addend;
+          row_error[r] = (total - row_sum[r]) - addend;
+          row_sum[r] = total;
+        }
       }
     };
     auto rescale_o = [&](const float (&correction)[2]) {
@@ -398,7 +425,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
 #pragma unroll
       for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
-        for (int nj = 0; nj < kNO / 8; ++nj)
+        for (int nj = 0; nj < kNPV / 8; ++nj)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             acc_o[c][nj * 4 + r * 2] *= correction[r];
@@ -558,9 +585,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     if constexpr (kPersistent && kStageO) named_barrier_sync(1 + wg, 128);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[r] - row_error[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      float sum;
+      if constexpr (kSumOnTensorCores) {
+        sum = acc_o[0][(kNO / 8) * 4 + r * 2];  // (row, column kNO + 2 t): the whole row's sum
+      } else {
+        sum = row_sum[r] - row_error[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      }
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
       const int row = row_in_tile + 8 * r;
 #pragma unroll
