@@ -74,10 +74,9 @@ int sm90_forward_consumers(const FwdParams& params, int head_dim_class, bool mas
 int sm90_schedule_override();
 // Whether the sm90 forward of params runs the persistent kernel
 // (FLASHATTN_SM90_PERSISTENT=0|1, else the default: without a mask, class 64
-// up to 4,096 keys, class 128 up to 2,048, class 256 from 2,049 on, and causal
-// at class 128 from 1,025 queries up to 8,192 keys, unless
-// FLASHATTN_SM90_FWD_CONSUMERS asks for a consumer count; never for
-// softcap/ALiBi or schedule v1). The launcher and fa_fwd_kernel_path both ask this.
+// at every length, class 128 up to 8,192 keys, class 256 from 2,049 on; never
+// under a diagonal mask, where FLASHATTN_SM90_FWD_CONSUMERS asks for a consumer
+// count, for softcap/ALiBi or schedule v1). The launcher and fa_fwd_kernel_path both ask this.
 bool sm90_forward_persistent(const FwdParams& params, int head_dim_class, bool mask_diagonal);
 // Multiprocessor count and L2 size in bytes of a device (cached after the first query).
 fa_status device_multiprocessors_and_l2(int device_index, int* multiprocessors, int* l2_bytes);
