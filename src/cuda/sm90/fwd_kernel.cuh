@@ -229,8 +229,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     uint32_t a_p[kBlockN / 16][4];  // P of the last softmax as A fragments (64, kBlockN)
     // O += P V of stage `stage` (issued, not waited).
     auto issue_pv = [&](int stage) {
-      // Column blocks of V are kBlockN * 128 bytes apart (the leading offset);
-      // with the sums the block after V's one is the ones after the stages.
+      // The leading offset is the distance to the operand's next 64-column
+      // block: V's next column block, kBlockN * 128 bytes on; with the sums
+      // (hdim 64, one column block of V) the block of ones after the stages.
       const uint32_t v_stage = sV_addr + stage * Traits::kKVBytes;
       const uint32_t leading_bytes =
           kSumOnTensorCores ? (Traits::kStages - stage) * Traits::kKVBytes : kBlockN * 128;
