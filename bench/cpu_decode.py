@@ -8,6 +8,8 @@ of K and V (read + write bytes) in the same run. Medians over interleaved repeti
 table and writes JSON.
 
     FLASHATTN_LIB=build-cpu/libflashattn.so python3 bench/cpu_decode.py --threads 2 [--json out.json]
+
+--base LIB adds another build of the library (an A/B) as a column timed in the same interleaved rounds.
 """
 import argparse
 import json
@@ -27,7 +29,7 @@ CELLS = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)]
 HKV, H, D = 8, 32, 128
 
 
-def run_cell(fa, b, s, threads, reps):
+def run_cell(fa, b, s, threads, reps, base=None):
     gen = torch.Generator().manual_seed(0)
     k_cache = torch.randn(b, s, HKV, D, generator=gen).to(torch.bfloat16)
     v_cache = torch.randn(b, s, HKV, D, generator=gen).to(torch.bfloat16)
@@ -35,6 +37,9 @@ def run_cell(fa, b, s, threads, reps):
     seqlens = torch.full((b,), s, dtype=torch.int32)
     out = torch.empty_like(q)
     args = fa.kvcache_args(q, k_cache, v_cache, out, cache_seqlens=seqlens, num_threads=threads)
+    base_out = torch.empty_like(q)
+    base_args = base.kvcache_args(q, k_cache, v_cache, base_out, cache_seqlens=seqlens, num_threads=threads) \
+        if base is not None else None
     q_t, k_t, v_t = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     source = torch.cat([k_cache.flatten(), v_cache.flatten()])
     target = torch.empty_like(source)
@@ -48,10 +53,20 @@ def run_cell(fa, b, s, threads, reps):
     def copy():
         target.copy_(source)
 
-    t_ours, t_sdpa, t_copy = interleaved_medians([ours, sdpa, copy], reps)
+    def base_call():
+        base.fwd_kvcache(base_args)
+
+    # Each build runs right after a copy (the copy evicts the cache from L3), so that a cache that
+    # fits L3 does not favour the build that follows the other one.
+    arms = [ours, sdpa, copy] + ([base_call, copy] if base is not None else [])
+    t_ours, t_sdpa, t_copy, *t_base = interleaved_medians(arms, reps)
     diff = (out.float() - sdpa().transpose(1, 2).float()).abs().max().item()
     kv_bytes = 2 * b * s * HKV * D * 2
-    return {
+    extra = {}
+    if base is not None:
+        extra = {"base_ms": t_base[0] * 1e3, "base_gbs": kv_bytes / t_base[0] / 1e9, "ours_vs_base": t_base[0] / t_ours,
+                 "max_abs_diff_vs_base": (out.float() - base_out.float()).abs().max().item()}
+    return extra | {
         "B": b, "cache": s, "threads": threads, "kv_bytes": kv_bytes,
         "ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "copy_ms": t_copy * 1e3,
         "ours_gbs": kv_bytes / t_ours / 1e9, "sdpa_gbs": kv_bytes / t_sdpa / 1e9,
@@ -65,25 +80,31 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--cells", help="B:cache pairs, comma-separated (default: the issue's five)")
+    parser.add_argument("--base", help="another build of libflashattn.so, timed in the same rounds")
     parser.add_argument("--json")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     fa = FlashAttn()
+    base = FlashAttn(a.base) if a.base else None
     load = os.getloadavg()
     print(f"torch {torch.__version__}, {a.threads} threads, median of {a.reps} interleaved, "
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'B':>2} {'cache':>7} | {'ours ms':>8} {'GB/s':>6} | {'sdpa ms':>8} {'GB/s':>6} | {'x':>5} | "
-          f"{'copy r+w GB/s':>13} | max diff")
+          f"{'copy r+w GB/s':>13} | max diff" + (f" | {'base ms':>8} {'GB/s':>6} {'x base':>6}" if base else ""))
     rows = []
     cells = [tuple(int(x) for x in c.split(":")) for c in a.cells.split(",")] if a.cells else CELLS
     for b, s in cells:
-        r = run_cell(fa, b, s, a.threads, a.reps)
+        r = run_cell(fa, b, s, a.threads, a.reps, base)
         rows.append(r)
-        print(f"{b:>2} {s:>7} | {r['ours_ms']:8.2f} {r['ours_gbs']:6.1f} | {r['sdpa_ms']:8.2f} {r['sdpa_gbs']:6.1f} | "
-              f"{r['ours_vs_sdpa']:5.2f} | {r['copy_gbs_read_plus_write']:13.1f} | {r['max_abs_diff_vs_sdpa']:.1e}")
+        line = (f"{b:>2} {s:>7} | {r['ours_ms']:8.2f} {r['ours_gbs']:6.1f} | {r['sdpa_ms']:8.2f} {r['sdpa_gbs']:6.1f} | "
+                f"{r['ours_vs_sdpa']:5.2f} | {r['copy_gbs_read_plus_write']:13.1f} | {r['max_abs_diff_vs_sdpa']:.1e}")
+        if base:
+            line += f" | {r['base_ms']:8.2f} {r['base_gbs']:6.1f} {r['ours_vs_base']:6.2f}"
+        print(line)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": a.threads, "reps": a.reps, "load_start": load,
+            json.dump({"torch": torch.__version__, "threads": a.threads, "reps": a.reps, "base": a.base,
+                       "load_start": load,
                        "load_end": os.getloadavg(), "results": rows}, f, indent=1)
 
 

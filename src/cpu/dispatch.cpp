@@ -16,7 +16,8 @@ namespace {
 IsaLevel detected_level() {
   if (!avx2_supported()) return IsaLevel::kGeneric;
   if (!avx512_supported()) return IsaLevel::kAvx2;
-  if (!amx_supported()) return IsaLevel::kAvx512;
+  if (!avx512_bf16_supported()) return IsaLevel::kAvx512;
+  if (!amx_supported()) return IsaLevel::kAvx512Bf16;
   return IsaLevel::kAmx;
 }
 
@@ -26,6 +27,7 @@ IsaLevel capped_level() {
   if (std::strcmp(cap, "generic") == 0) return IsaLevel::kGeneric;
   if (std::strcmp(cap, "avx2") == 0) return IsaLevel::kAvx2;
   if (std::strcmp(cap, "avx512") == 0) return IsaLevel::kAvx512;
+  if (std::strcmp(cap, "avx512bf16") == 0) return IsaLevel::kAvx512Bf16;
   return IsaLevel::kAmx;
 }
 
@@ -38,6 +40,7 @@ IsaBackend selected_backend(const AttnParams& p) {
   switch (isa_level()) {
     case IsaLevel::kAmx:
       return p.dtype == FA_DTYPE_BF16 ? amx_backend() : amx_split_backend();
+    case IsaLevel::kAvx512Bf16:
     case IsaLevel::kAvx512:
       return avx512_backend();
     case IsaLevel::kAvx2:

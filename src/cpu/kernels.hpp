@@ -88,6 +88,10 @@ bool avx2_supported();
 // AVX-512F/BW/VL/DQ + FMA; only called when the CPU reports those features.
 IsaBackend avx512_backend();
 bool avx512_supported();
+// AVX-512 plus AVX512-BF16 (VDPBF16PS); the KV-cache attention of bf16 caches
+// has a build for it (kvcache_avx512bf16.cpp), the forward and backward run
+// the AVX-512 set.
+bool avx512_bf16_supported();
 // AVX-512 plus AMX-BF16 tiles, for bf16 tensors; only called when
 // amx_supported() (which also asks Linux for the tile state) says yes.
 IsaBackend amx_backend();
@@ -97,9 +101,9 @@ bool amx_supported();
 IsaBackend amx_split_backend();
 
 // The richest kernel sets this CPU runs, in order, capped by
-// FLASHATTN_CPU_ISA=generic, =avx2 or =avx512 (to test the lesser builds on a
-// machine that has more); decided once per process (dispatch.cpp).
-enum class IsaLevel { kGeneric, kAvx2, kAvx512, kAmx };
+// FLASHATTN_CPU_ISA=generic, =avx2, =avx512 or =avx512bf16 (to test the lesser
+// builds on a machine that has more); decided once per process (dispatch.cpp).
+enum class IsaLevel { kGeneric, kAvx2, kAvx512, kAvx512Bf16, kAmx };
 IsaLevel isa_level();
 
 }  // namespace cpu

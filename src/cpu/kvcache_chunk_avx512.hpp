@@ -89,20 +89,30 @@ inline void chunk_accumulate(const float* p, int64_t ld_p, int nr, int nk, const
       __mmask16 masks[kVectors];
       for (int t = 0; t < kVectors; ++t) masks[t] = lanes_mask(dv - c0 - 16 * t);
       __m512 acc[kRows][kVectors];
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
         for (int t = 0; t < kVectors; ++t)
           acc[r][t] = r < rows ? _mm512_maskz_loadu_ps(masks[t], o + (r0 + r) * dv + c0 + 16 * t) : _mm512_setzero_ps();
       for (int j = 0; j < nk; ++j) {
         __m512 vv[kVectors];
+#pragma GCC unroll 4
         for (int t = 0; t < kVectors; ++t) vv[t] = _mm512_maskz_loadu_ps(masks[t], v + j * dv + c0 + 16 * t);
+        // All 4 rows (past the last one the step repeats it, and those rows are not stored), and
+        // only constant indices into acc: with a run-time row count GCC kept acc in memory.
+#pragma GCC unroll 4
         for (int r = 0; r < kRows; ++r) {
-          if (r >= rows) break;
-          const __m512 weight = _mm512_set1_ps(p[(r0 + r) * ld_p + j]);
+          const __m512 weight = _mm512_set1_ps(p[(r0 + (r < rows ? r : rows - 1)) * ld_p + j]);
+#pragma GCC unroll 4
           for (int t = 0; t < kVectors; ++t) acc[r][t] = _mm512_fmadd_ps(weight, vv[t], acc[r][t]);
         }
       }
-      for (int r = 0; r < rows; ++r)
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= rows) break;
+#pragma GCC unroll 4
         for (int t = 0; t < kVectors; ++t) _mm512_mask_storeu_ps(o + (r0 + r) * dv + c0 + 16 * t, masks[t], acc[r][t]);
+      }
     }
   }
 }

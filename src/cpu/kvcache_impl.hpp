@@ -37,6 +37,9 @@
 #if defined(FLASHATTN_KVCACHE_AVX512)
 #include "cpu/kvcache_chunk_avx512.hpp"  // chunk_scores, chunk_accumulate
 #endif
+#if defined(FLASHATTN_KVCACHE_BF16_DOT)
+#include "cpu/kvcache_chunk_bf16.hpp"  // the same for bf16 caches, on VDPBF16PS
+#endif
 
 namespace flashattn {
 namespace cpu {
@@ -328,15 +331,29 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
   const CacheRow row = CacheRow::of(p, b);
   const MaskPolicy mask = row.mask(p);
 
-  // Scale and log2(e) folded into q: the scores come out in log2 units.
+  // Scale and log2(e) folded into q: the scores come out in log2 units. A bf16 cache on
+  // VDPBF16PS keeps q as bf16 (the values load_rotated_row rounded to it) in w.q's memory,
+  // and the factor scales the dot products instead.
+#if defined(FLASHATTN_KVCACHE_BF16_DOT)
+  const bool bf16_dot = p.dtype == FA_DTYPE_BF16;
+#else
+  constexpr bool bf16_dot = false;
+#endif
+  uint16_t* q_bf16 = reinterpret_cast<uint16_t*>(w.q);  // (rows, D) when bf16_dot
   const float q_factor = p.softmax_scale * kLog2e;
   RowMask masks[kRowBlock];
   for (int r = 0; r < packed; ++r) {
     const int64_t i = rows.query(p, r), h = rows.head(p, r);
     const int64_t q_offset = b * p.q_layout.batch + i * p.q_layout.row + h * p.q_layout.head;
-    float* q_row = w.q + r * d_count;
+    float q_row[FA_MAX_HEAD_DIM];
     load_rotated_row(p, p.q, q_offset, query_rotary_position(p, row, i), q_row);
-    for (int64_t d = 0; d < d_count; ++d) q_row[d] *= q_factor;
+    for (int64_t d = 0; d < d_count; ++d) {
+      if (bf16_dot) {
+        q_bf16[r * d_count + d] = float_to_bf16(q_row[d]);
+      } else {
+        w.q[r * d_count + d] = q_row[d] * q_factor;
+      }
+    }
     masks[r].lo = mask.key_begin(i);
     masks[r].hi = mask.key_end(i + 1);
     masks[r].diagonal = i + mask.shift;
@@ -358,21 +375,59 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
   const int64_t elem = element_size(p.dtype);
   const char* k_cache = static_cast<const char*>(p.k_cache);
   const char* v_cache = static_cast<const char*>(p.v_cache);
+  // Offset of a position's row of kv head hkv0 (head hkv0 + u is u head strides on).
+  auto k_row_of = [&](int64_t key) { return cache_offset(p, p.k_cache_layout, row, b, row.leftpad + key, rows.hkv0); };
+  auto v_row_of = [&](int64_t key) { return cache_offset(p, p.v_cache_layout, row, b, row.leftpad + key, rows.hkv0); };
   for (int64_t k0 = key_lo; k0 < key_hi; k0 += kKeyChunk) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyChunk, key_hi - k0));
-    // Head by head: its K and V rows staged (fp32, in L1), its rows' scores,
-    // softmax and P V. (Software prefetches of the next chunk, into L1 or L2,
-    // measured no faster here.)
+    int64_t k_rows0[kKeyChunk], v_rows0[kKeyChunk];
+    for (int j = 0; j < nk; ++j) {
+      k_rows0[j] = k_row_of(k0 + j);
+      v_rows0[j] = v_row_of(k0 + j);
+    }
+    // Head by head: its K and V rows staged (fp32, in L1) or, bf16 on VDPBF16PS, read in place;
+    // its rows' scores, softmax and P V.
     for (int t = 0; t < rows.heads; ++t) {
-      for (int j = 0; j < nk; ++j) {
-        const int64_t position = row.leftpad + k0 + j;
-        const int64_t k_off = cache_offset(p, p.k_cache_layout, row, b, position, rows.hkv0 + t);
-        const int64_t v_off = cache_offset(p, p.v_cache_layout, row, b, position, rows.hkv0 + t);
-        load_floats(p.dtype, k_cache + k_off * elem, d_count, w.k + j * d_count, 1);
-        load_floats(p.dtype, v_cache + v_off * elem, dv_count, w.v + j * dv_count, 1);
-      }
       const int first = t * nr;  // the head's packed rows [first, first + nr)
-      chunk_scores(w.q + first * d_count, nr, d_count, w.k, nk, w.s + first * kKeyChunk, kKeyChunk);
+      const int64_t k_head = t * p.k_cache_layout.head;
+      const int64_t v_head = t * p.v_cache_layout.head;
+      // The next chunk into L2 (prefetcht1), a 1 / heads share of its keys per head, each key's
+      // rows of every head of the group in turn (where the cache holds a position's heads side
+      // by side, a sequential read): without it the reads waited on memory (bf16 decode +15 %,
+      // dev/cpu_tuning.md, session 27). Written out here, not in a function: GCC takes a
+      // function of prefetches alone for one without effects and drops its calls.
+      const int next = static_cast<int>(std::clamp<int64_t>(key_hi - k0 - kKeyChunk, 0, kKeyChunk));
+      for (int64_t key = k0 + kKeyChunk + next * t / rows.heads; key < k0 + kKeyChunk + next * (t + 1) / rows.heads;
+           ++key) {
+        const char* k_first = k_cache + k_row_of(key) * elem;
+        const char* v_first = v_cache + v_row_of(key) * elem;
+        for (int u = 0; u < rows.heads; ++u)
+          for (int64_t c = 0; c < d_count * elem; c += 64)
+            __builtin_prefetch(k_first + u * p.k_cache_layout.head * elem + c, 0, 2);
+        for (int u = 0; u < rows.heads; ++u)
+          for (int64_t c = 0; c < dv_count * elem; c += 64)
+            __builtin_prefetch(v_first + u * p.v_cache_layout.head * elem + c, 0, 2);
+      }
+      [[maybe_unused]] const uint16_t* k_rows[kKeyChunk];
+      [[maybe_unused]] const uint16_t* v_rows[kKeyChunk];
+#if defined(FLASHATTN_KVCACHE_BF16_DOT)
+      if (bf16_dot) {
+        for (int j = 0; j < nk; ++j) {
+          k_rows[j] = reinterpret_cast<const uint16_t*>(k_cache) + k_rows0[j] + k_head;
+          v_rows[j] = reinterpret_cast<const uint16_t*>(v_cache) + v_rows0[j] + v_head;
+        }
+        chunk_scores_bf16(q_bf16 + first * d_count, nr, d_count, k_rows, nk, q_factor, w.s + first * kKeyChunk,
+                          kKeyChunk);
+      }
+#endif
+      if (!bf16_dot) {
+        for (int j = 0; j < nk; ++j) {
+          load_floats(p.dtype, k_cache + (k_rows0[j] + k_head) * elem, d_count, w.k + j * d_count, 1);
+          load_floats(p.dtype, v_cache + (v_rows0[j] + v_head) * elem, dv_count, w.v + j * dv_count, 1);
+        }
+        chunk_scores(w.q + first * d_count, nr, d_count, w.k, nk, w.s + first * kKeyChunk, kKeyChunk);
+      }
+      float alpha[kRowBlock];  // each row's rescale of O (1 for a row that has seen no key)
       // Invariant per row: O = sum_j 2^(s_j - m) v_j and l = sum_j 2^(s_j - m) over the keys
       // seen; a new maximum rescales both by 2^(m_old - m_new). A row that has seen no
       // visible key keeps m = -inf and is skipped.
@@ -383,22 +438,35 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
 #pragma omp simd reduction(max : chunk_max)
         for (int j = 0; j < nk; ++j) chunk_max = std::max(chunk_max, s_row[j]);
         const float m_new = std::max(w.m[r], chunk_max);
+        alpha[r] = 1.0f;
         if (m_new == -kInf) {
           std::fill(s_row, s_row + nk, 0.0f);
           continue;
         }
-        const float alpha = exp2_nonpositive(w.m[r] - m_new);
+        alpha[r] = exp2_nonpositive(w.m[r] - m_new);
         float sum = 0.0f;
+        // A vector reduction: summed in order, the 32 adds were one dependent chain (8 % of the
+        // bf16 build's time with the cache in L2, perf).
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j < nk; ++j) {
           s_row[j] = exp2_nonpositive(s_row[j] - m_new);
           sum += s_row[j];
         }
         float* o_row = w.o + r * dv_count;
-        for (int64_t d = 0; d < dv_count; ++d) o_row[d] *= alpha;
-        w.l[r] = w.l[r] * alpha + sum;
+        if (!bf16_dot)  // the bf16 product rescales O as it loads it
+          for (int64_t d = 0; d < dv_count; ++d) o_row[d] *= alpha[r];
+        w.l[r] = w.l[r] * alpha[r] + sum;
         w.m[r] = m_new;
       }
-      chunk_accumulate(w.s + first * kKeyChunk, kKeyChunk, nr, nk, w.v, dv_count, w.o + first * dv_count);
+#if defined(FLASHATTN_KVCACHE_BF16_DOT)
+      if (bf16_dot) {
+        uint32_t pairs[kRowBlock * kKeyChunk / 2];  // P of the head's rows as bf16 key pairs
+        pair_probabilities(w.s + first * kKeyChunk, kKeyChunk, nr, nk, pairs, kKeyChunk / 2);
+        chunk_accumulate_bf16(pairs, kKeyChunk / 2, alpha + first, nr, nk, v_rows, dv_count, w.o + first * dv_count);
+      }
+#endif
+      if (!bf16_dot)
+        chunk_accumulate(w.s + first * kKeyChunk, kKeyChunk, nr, nk, w.v, dv_count, w.o + first * dv_count);
     }
   }
 
