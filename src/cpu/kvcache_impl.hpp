@@ -380,6 +380,7 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
   auto v_row_of = [&](int64_t key) { return cache_offset(p, p.v_cache_layout, row, b, row.leftpad + key, rows.hkv0); };
   for (int64_t k0 = key_lo; k0 < key_hi; k0 += kKeyChunk) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyChunk, key_hi - k0));
+    const int64_t next_keys = std::clamp<int64_t>(key_hi - k0 - kKeyChunk, 0, kKeyChunk);  // of the next chunk
     int64_t k_rows0[kKeyChunk], v_rows0[kKeyChunk];
     for (int j = 0; j < nk; ++j) {
       k_rows0[j] = k_row_of(k0 + j);
@@ -393,20 +394,25 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
       const int64_t v_head = t * p.v_cache_layout.head;
       // The next chunk into L2 (prefetcht1), a 1 / heads share of its keys per head, each key's
       // rows of every head of the group in turn (where the cache holds a position's heads side
-      // by side, a sequential read): without it the reads waited on memory (bf16 decode +15 %,
-      // dev/cpu_tuning.md, session 27). Written out here, not in a function: GCC takes a
-      // function of prefetches alone for one without effects and drops its calls.
-      const int next = static_cast<int>(std::clamp<int64_t>(key_hi - k0 - kKeyChunk, 0, kKeyChunk));
-      for (int64_t key = k0 + kKeyChunk + next * t / rows.heads; key < k0 + kKeyChunk + next * (t + 1) / rows.heads;
-           ++key) {
-        const char* k_first = k_cache + k_row_of(key) * elem;
-        const char* v_first = v_cache + v_row_of(key) * elem;
-        for (int u = 0; u < rows.heads; ++u)
-          for (int64_t c = 0; c < d_count * elem; c += 64)
-            __builtin_prefetch(k_first + u * p.k_cache_layout.head * elem + c, 0, 2);
-        for (int u = 0; u < rows.heads; ++u)
-          for (int64_t c = 0; c < dv_count * elem; c += 64)
-            __builtin_prefetch(v_first + u * p.v_cache_layout.head * elem + c, 0, 2);
+      // by side, a sequential read), and all of it twice. Measured on a Zen 4 (dev/cpu_tuning.md,
+      // session 27): without the prefetch the reads waited on memory, and the second pass gained
+      // 1.3-1.45x over one at 32k-128k keys (a third nothing); why a repeat helps is not known (a
+      // guess: prefetches that miss the TLB on 4 KiB pages are dropped). Written out here, not in
+      // a function: GCC takes a function of prefetches alone for one without effects and drops
+      // its calls.
+      const int64_t share_from = k0 + kKeyChunk + next_keys * t / rows.heads;
+      const int64_t share_to = k0 + kKeyChunk + next_keys * (t + 1) / rows.heads;
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int64_t key = share_from; key < share_to; ++key) {
+          const char* k_first = k_cache + k_row_of(key) * elem;
+          const char* v_first = v_cache + v_row_of(key) * elem;
+          for (int u = 0; u < rows.heads; ++u)
+            for (int64_t c = 0; c < d_count * elem; c += 64)
+              __builtin_prefetch(k_first + u * p.k_cache_layout.head * elem + c, 0, 2);
+          for (int u = 0; u < rows.heads; ++u)
+            for (int64_t c = 0; c < dv_count * elem; c += 64)
+              __builtin_prefetch(v_first + u * p.v_cache_layout.head * elem + c, 0, 2);
+        }
       }
       [[maybe_unused]] const uint16_t* k_rows[kKeyChunk];
       [[maybe_unused]] const uint16_t* v_rows[kKeyChunk];
