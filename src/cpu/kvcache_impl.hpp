@@ -1,10 +1,12 @@
 // Attention against a KV cache on the CPU (fa_fwd_kvcache): append, then
 // split-KV attention with the query heads of one KV head packed together.
-// Compiled three times: for the baseline ISA (kvcache.cpp), for AVX2
-// (kvcache_avx2.cpp) and for AVX-512 (kvcache_avx512.cpp), chosen at run
-// time. The loops are written so that the compiler vectorizes them
-// (contiguous innermost, no calls, no branches); the AVX-512 build takes the
-// chunk's two products from kvcache_chunk_avx512.hpp.
+// Compiled four times: for the baseline ISA (kvcache.cpp), for AVX2
+// (kvcache_avx2.cpp), for AVX-512 (kvcache_avx512.cpp) and for AVX512-BF16
+// (kvcache_avx512bf16.cpp), chosen at run time. The loops are written so that
+// the compiler vectorizes them (contiguous innermost, no calls, no branches);
+// the AVX-512 builds take the chunk's two products from
+// kvcache_chunk_avx512.hpp, and for bf16 caches the AVX512-BF16 build from
+// kvcache_chunk_bf16.hpp (K and V read as bf16 where they lie).
 //
 // Phase 1 writes k_new (rotated) and v_new into the cache at cache_seqlens.
 // Phase 2 runs work items (batch row, group of kv heads, row block, split):
@@ -12,7 +14,8 @@
 // g, so every K/V row gathered from the (possibly paged) cache serves G query
 // heads and Sq queries at once: decode reads each cache byte once per call.
 // Per chunk of kKeyChunk keys and kv head the item converts K and V ((keys,
-// D), (keys, Dv)) to fp32, forms the scores of the head's rows, and updates
+// D), (keys, Dv)) to fp32 (but on VDPBF16PS), prefetches a share of the next
+// chunk, forms the scores of the head's rows, and updates
 // the online softmax in log2 units (a call-free exp2 that vectorizes). With
 // one split the item writes out and lse directly, with several it writes O / l
 // and its LSE and phase 3 merges the splits exactly:
