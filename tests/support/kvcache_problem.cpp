@@ -164,6 +164,12 @@ std::vector<KvCase> build_cases() {
     c.causal = true;
     cases.push_back(c);
   }
+  {  // D = Dv = 80: dim pairs and O's 32-dim slices that end part way (the CPU's VDPBF16PS build masks
+     // both); 18 rows per kv head (4-row steps with 2 padding rows); odd key counts (a lone last key)
+    KvCase c = make("contig_bf16_d80_gqa6_chunk3_odd_lengths", b16, 2, 12, 2, 3, 80, {37, 201}, 0, 0);
+    c.causal = true;
+    cases.push_back(c);
+  }
   {  // head-dim class 256 (the warp kernel under the default mma build)
     KvCase c = make("contig_bf16_d256_decode_gqa4_rotary", b16, 2, 8, 2, 1, 256, {90, 600}, 1, 0);
     c.rotary = Rotary::kNeox;
