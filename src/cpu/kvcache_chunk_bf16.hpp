@@ -72,7 +72,10 @@ inline void chunk_scores_bf16(const uint16_t* q, int nr, int64_t d, const uint16
         for (int r = 0; r < kRows; ++r) {
           const __m512bh q_pairs = as_bf16(_mm512_maskz_loadu_epi16(mask, q_rows[r] + c));
 #pragma GCC unroll 4
-          for (int j = 0; j < kKeys; ++j) acc[kKeys * r + j] = _mm512_dpbf16_ps(acc[kKeys * r + j], q_pairs, k_pairs[j]);
+          for (int j = 0; j < kKeys; ++j) {
+            __m512& a = acc[kKeys * r + j];
+            a = _mm512_dpbf16_ps(a, q_pairs, k_pairs[j]);
+          }
         }
       }
       const __m512 sums = _mm512_mul_ps(sum_lanes_of_16(acc), scale);  // lane 4 r + j

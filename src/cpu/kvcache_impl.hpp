@@ -381,6 +381,25 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
   // Offset of a position's row of kv head hkv0 (head hkv0 + u is u head strides on).
   auto k_row_of = [&](int64_t key) { return cache_offset(p, p.k_cache_layout, row, b, row.leftpad + key, rows.hkv0); };
   auto v_row_of = [&](int64_t key) { return cache_offset(p, p.v_cache_layout, row, b, row.leftpad + key, rows.hkv0); };
+  // The next chunk into L2 (prefetcht1) while this one is worked on: each head's step takes a 1 / heads
+  // share of its keys, as units of one key's K or V rows of every head of the group (where the cache
+  // holds a position's heads side by side, a sequential read), spread evenly over kPrefetchPoints
+  // points of the step. Issued in one burst a step, many were lost (the same burst issued twice gained
+  // 1.24-1.41x); spread, each line once, it measured 1.68-2.04x over the single burst (bf16 decode on a
+  // Zen 4, dev/cpu_tuning.md, session 27). Always inlined: GCC finds a function of prefetches alone
+  // free of effects and deletes the calls to it.
+  constexpr int kPrefetchPoints = 6;  // before the scores, between their quarters, before softmax and P V
+  auto prefetch_units = [&](int64_t first_key, int64_t from, int64_t to) __attribute__((always_inline)) {
+    for (int64_t unit = from; unit < to; ++unit) {
+      const bool is_v = unit % 2 == 1;
+      const int64_t key = first_key + unit / 2;
+      const TensorLayout& layout = is_v ? p.v_cache_layout : p.k_cache_layout;
+      const char* first_row = (is_v ? v_cache + v_row_of(key) * elem : k_cache + k_row_of(key) * elem);
+      const int64_t row_bytes = (is_v ? dv_count : d_count) * elem;
+      for (int u = 0; u < rows.heads; ++u)
+        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(first_row + u * layout.head * elem + c, 0, 2);
+    }
+  };
   for (int64_t k0 = key_lo; k0 < key_hi; k0 += kKeyChunk) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyChunk, key_hi - k0));
     const int64_t next_keys = std::clamp<int64_t>(key_hi - k0 - kKeyChunk, 0, kKeyChunk);  // of the next chunk
@@ -395,28 +414,13 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
       const int first = t * nr;  // the head's packed rows [first, first + nr)
       const int64_t k_head = t * p.k_cache_layout.head;
       const int64_t v_head = t * p.v_cache_layout.head;
-      // The next chunk into L2 (prefetcht1), a 1 / heads share of its keys per head, each key's
-      // rows of every head of the group in turn (where the cache holds a position's heads side
-      // by side, a sequential read), and all of it twice. Measured on a Zen 4 (dev/cpu_tuning.md,
-      // session 27): without the prefetch the reads waited on memory, and the second pass gained
-      // 1.3-1.45x over one at 32k-128k keys (a third nothing); why a repeat helps is not known (a
-      // guess: prefetches that miss the TLB on 4 KiB pages are dropped). Written out here, not in
-      // a function: GCC takes a function of prefetches alone for one without effects and drops
-      // its calls.
       const int64_t share_from = k0 + kKeyChunk + next_keys * t / rows.heads;
-      const int64_t share_to = k0 + kKeyChunk + next_keys * (t + 1) / rows.heads;
-      for (int pass = 0; pass < 2; ++pass) {
-        for (int64_t key = share_from; key < share_to; ++key) {
-          const char* k_first = k_cache + k_row_of(key) * elem;
-          const char* v_first = v_cache + v_row_of(key) * elem;
-          for (int u = 0; u < rows.heads; ++u)
-            for (int64_t c = 0; c < d_count * elem; c += 64)
-              __builtin_prefetch(k_first + u * p.k_cache_layout.head * elem + c, 0, 2);
-          for (int u = 0; u < rows.heads; ++u)
-            for (int64_t c = 0; c < dv_count * elem; c += 64)
-              __builtin_prefetch(v_first + u * p.v_cache_layout.head * elem + c, 0, 2);
-        }
-      }
+      const int64_t share_units = 2 * (k0 + kKeyChunk + next_keys * (t + 1) / rows.heads - share_from);
+      auto prefetch_part = [&](int part) __attribute__((always_inline)) {
+        prefetch_units(share_from, share_units * part / kPrefetchPoints, share_units * (part + 1) / kPrefetchPoints);
+      };
+      // The scores a quarter of the chunk at a time (8 keys), with a part of the prefetch before each.
+      constexpr int kQuarter = kKeyChunk / 4;
       [[maybe_unused]] const uint16_t* k_rows[kKeyChunk];
       [[maybe_unused]] const uint16_t* v_rows[kKeyChunk];
 #if defined(FLASHATTN_KVCACHE_BF16_DOT)
@@ -425,8 +429,12 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
           k_rows[j] = reinterpret_cast<const uint16_t*>(k_cache) + k_rows0[j] + k_head;
           v_rows[j] = reinterpret_cast<const uint16_t*>(v_cache) + v_rows0[j] + v_head;
         }
-        chunk_scores_bf16(q_bf16 + first * d_count, nr, d_count, k_rows, nk, q_factor, w.s + first * kKeyChunk,
-                          kKeyChunk);
+        for (int j0 = 0; j0 < kKeyChunk; j0 += kQuarter) {
+          prefetch_part(j0 / kQuarter);
+          if (j0 < nk)
+            chunk_scores_bf16(q_bf16 + first * d_count, nr, d_count, k_rows + j0, std::min(kQuarter, nk - j0), q_factor,
+                              w.s + first * kKeyChunk + j0, kKeyChunk);
+        }
       }
 #endif
       if (!bf16_dot) {
@@ -434,8 +442,14 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
           load_floats(p.dtype, k_cache + (k_rows0[j] + k_head) * elem, d_count, w.k + j * d_count, 1);
           load_floats(p.dtype, v_cache + (v_rows0[j] + v_head) * elem, dv_count, w.v + j * dv_count, 1);
         }
-        chunk_scores(w.q + first * d_count, nr, d_count, w.k, nk, w.s + first * kKeyChunk, kKeyChunk);
+        for (int j0 = 0; j0 < kKeyChunk; j0 += kQuarter) {
+          prefetch_part(j0 / kQuarter);
+          if (j0 < nk)
+            chunk_scores(w.q + first * d_count, nr, d_count, w.k + j0 * d_count, std::min(kQuarter, nk - j0),
+                         w.s + first * kKeyChunk + j0, kKeyChunk);
+        }
       }
+      prefetch_part(4);
       float alpha[kRowBlock];  // each row's rescale of O (1 for a row that has seen no key)
       // Invariant per row: O = sum_j 2^(s_j - m) v_j and l = sum_j 2^(s_j - m) over the keys
       // seen; a new maximum rescales both by 2^(m_old - m_new). A row that has seen no
@@ -467,6 +481,7 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
         w.l[r] = w.l[r] * alpha[r] + sum;
         w.m[r] = m_new;
       }
+      prefetch_part(5);
 #if defined(FLASHATTN_KVCACHE_BF16_DOT)
       if (bf16_dot) {
         uint32_t pairs[kRowBlock * kKeyChunk / 2];  // P of the head's rows as bf16 key pairs
