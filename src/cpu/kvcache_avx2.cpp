@@ -19,6 +19,8 @@
 
 #pragma GCC target("avx2,fma,f16c")
 
+// The chunk's two products in intrinsics (kvcache_chunk_avx2.hpp).
+#define FLASHATTN_KVCACHE_AVX2 1
 #include "cpu/kvcache_impl.hpp"
 
 namespace flashattn {

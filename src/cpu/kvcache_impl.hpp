@@ -43,6 +43,9 @@
 #if defined(FLASHATTN_KVCACHE_BF16_DOT)
 #include "cpu/kvcache_chunk_bf16.hpp"  // the same for bf16 caches, on VDPBF16PS
 #endif
+#if defined(FLASHATTN_KVCACHE_AVX2)
+#include "cpu/kvcache_chunk_avx2.hpp"  // chunk_scores, chunk_accumulate at 8 lanes
+#endif
 
 namespace flashattn {
 namespace cpu {
@@ -293,7 +296,7 @@ void shape_scores(const KvCacheParams& p, const RowMask& mask, int64_t k0, int n
   std::fill(s + visible_to, s + nk, -kInf);
 }
 
-#if !defined(FLASHATTN_KVCACHE_AVX512)
+#if !defined(FLASHATTN_KVCACHE_AVX512) && !defined(FLASHATTN_KVCACHE_AVX2)
 // S (nr, nk), row r at s + r * ld_s, = Q K^T: one vectorized dot product per
 // (row, key); each K row (in L1 after its first use) serves every row.
 inline void chunk_scores(const float* q, int nr, int64_t d, const float* k, int nk, float* s, int64_t ld_s) {
