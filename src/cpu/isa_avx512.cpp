@@ -27,6 +27,8 @@ bool avx512_supported() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
 }
 
+bool avx512_bf16_supported() { return avx512_supported() && __builtin_cpu_supports("avx512bf16"); }
+
 }  // namespace cpu
 }  // namespace flashattn
 

@@ -90,7 +90,7 @@ IsaBackend avx512_backend();
 bool avx512_supported();
 // AVX-512 plus AVX512-BF16 (VDPBF16PS); the KV-cache attention of bf16 caches
 // has a build for it (kvcache_avx512bf16.cpp), the forward and backward run
-// the AVX-512 set.
+// the AVX-512 set. Defined with avx512_supported() (isa_avx512.cpp).
 bool avx512_bf16_supported();
 // AVX-512 plus AMX-BF16 tiles, for bf16 tensors; only called when
 // amx_supported() (which also asks Linux for the tile state) says yes.

@@ -15,15 +15,6 @@
 #include "common/half.hpp"
 #include "common/kvcache_params.hpp"
 #include "cpu/config.hpp"
-#include "cpu/kernels.hpp"
-
-namespace flashattn {
-namespace cpu {
-
-bool avx512_bf16_supported() { return avx512_supported() && __builtin_cpu_supports("avx512bf16"); }
-
-}  // namespace cpu
-}  // namespace flashattn
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 

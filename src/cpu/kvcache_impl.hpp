@@ -424,9 +424,9 @@ void attend_item(const KvCacheParams& p, const Plan& plan, const ThreadScratch& 
       };
       // The scores a quarter of the chunk at a time (8 keys), with a part of the prefetch before each.
       constexpr int kQuarter = kKeyChunk / 4;
-      [[maybe_unused]] const uint16_t* k_rows[kKeyChunk];
-      [[maybe_unused]] const uint16_t* v_rows[kKeyChunk];
 #if defined(FLASHATTN_KVCACHE_BF16_DOT)
+      const uint16_t* k_rows[kKeyChunk];  // the head's K and V rows of the chunk, read in place
+      const uint16_t* v_rows[kKeyChunk];
       if (bf16_dot) {
         for (int j = 0; j < nk; ++j) {
           k_rows[j] = reinterpret_cast<const uint16_t*>(k_cache) + k_rows0[j] + k_head;
