@@ -3,7 +3,7 @@
 # cuobjdump and nvdisasm wheels from PyPI once (into build-deps/cuobjdump, ignored by git) and runs
 # cuobjdump, which finds nvdisasm beside it.
 #   bash scripts/sass.sh build/CMakeFiles/flashattn.dir/src/cuda/generated/kvcache_bf16_hdim128.cu.o > k.sass
-#   bash scripts/sass.sh --list build/libflashattn.so        (the kernels' names and their cubins)
+#   bash scripts/sass.sh --list build/libflashattn.so        (the cubins it holds, one per architecture and unit)
 # The cubin's own SASS: instruction counts, LDGSTS / LDSM / HMMA / HGMMA, spills (ptxas -v says registers).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
