@@ -233,19 +233,35 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       streams[s].block = lookup(streams[s].page, streams[s].key);
     }
   }
-  // Contiguous: the lane's streams lie kKeysPerCopy rows apart in one cache row, so the first
-  // stream's key and element offsets stand for all of them (sm_90a, bf16, hdim 128: 3,424 SASS
-  // instructions and 217 registers, against 4,168 and 248 with the paged bookkeeping).
   int first_key = base0 + lane / kRowChunks;
-  const Element* k_first = k_lane;
-  const Element* v_first = v_lane;
+  // Contiguous: the slab's rows are one cache row's keys, kLineRows a copy instruction: lane (r, c)
+  // = (lane / 8, lane % 8) copies chunk c of every 128-byte line of rows r, r + kLineRows, ... So
+  // a lane's copies of a row differ by immediate offsets and its rows by one stride per tensor:
+  // one address per row and tensor a step (the key streams above took ~9 instructions a copy for
+  // their per-stream addresses and presence, 152 a step at sm_90a bf16 hdim 128).
+  constexpr int kLineChunks = 8, kLineRows = 32 / kLineChunks;
+  constexpr int kRowLines = kRowChunks / kLineChunks;  // 128-byte lines per key row
+  constexpr int kRowGroups = kSlabKeys / kLineRows;    // rows a lane copies per slab and tensor
+  const int line_row = lane / kLineChunks, line_chunk = lane % kLineChunks;
+  const Element* k_line = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * line_chunk;
+  const Element* v_line = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * line_chunk;
+  int base0_step = base0;  // the first key of the warp's next slab
+  const Element* k_row_first = k_line;
+  const Element* v_row_first = v_line;
   if constexpr (!kPaged) {
-    const int64_t position = row.leftpad + first_key;
-    k_first += row.cache_index * p.k_cache_layout.batch + position * p.k_cache_layout.row;
-    v_first += row.cache_index * p.v_cache_layout.batch + position * p.v_cache_layout.row;
+    const int64_t position = row.leftpad + base0 + line_row;
+    k_row_first += row.cache_index * p.k_cache_layout.batch + position * p.k_cache_layout.row;
+    v_row_first += row.cache_index * p.v_cache_layout.batch + position * p.v_cache_layout.row;
   }
-  const int64_t k_stream_step = kKeysPerCopy * p.k_cache_layout.row;
-  const int64_t v_stream_step = kKeysPerCopy * p.v_cache_layout.row;
+  const int64_t k_group_step = opaque(kLineRows * p.k_cache_layout.row);
+  const int64_t v_group_step = opaque(kLineRows * p.v_cache_layout.row);
+  // Where the lane's chunks land (the swizzles above): row group i and line h add constants, as
+  // K's swizzle depends on a row's parity and V's repeats every 8 rows (groups i and i + 2).
+  const int k_dest = opaque(key_chunk_offset<kRowBytes>(line_row, line_chunk));
+  const int v_dest[2] = {opaque(value_chunk_offset<kRowBytes>(line_row, line_chunk)),
+                         opaque(value_chunk_offset<kRowBytes>(line_row + kLineRows, line_chunk))};
+  // A lane's chunks inside the head dims, per line: all of them but where D or Dv is below the class.
+  const bool full_dims = d_count == kHeadDim && dv_count == kHeadDim;
   // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
   // past that page's end, in the next one: the first stream's page and row, and the block-table
   // entries of both pages, read one step ahead and range-checked where a step uses them (so the
@@ -359,21 +375,36 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       }
       look_up_pages();
     } else {
-      const Element* k_src = k_first;
-      const Element* v_src = v_first;
+      // Row group i is rows kLineRows i + line_row of the slab; line h its dims 64 h .. + 63.
+      // `partial` (the split's last slab, or D or Dv below the class) checks each copy.
+      auto copy_rows = [&](auto partial) {
+        const Element* k_src = k_row_first;
+        const Element* v_src = v_row_first;
 #pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        const bool present = first_key + s * kKeysPerCopy < keys_end;  // absent: nothing read
-        const int key = s * kKeysPerCopy + lane / kRowChunks;
-        cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), present ? k_src : k_lane, present && k_chunk);
-        cp_async_16(v_rows + value_offset(s), present ? v_src : v_lane, present && v_chunk);
-        k_src += k_stream_step;
-        v_src += v_stream_step;
+        for (int i = 0; i < kRowGroups; ++i) {
+          const bool present = !partial || base0_step + kLineRows * i + line_row < keys_end;  // absent: nothing read
+#pragma unroll
+          for (int h = 0; h < kRowLines; ++h) {
+            const int chunk = h * kLineChunks + line_chunk;
+            const bool k_in = !partial || (present && 8 * chunk < d_count);
+            const bool v_in = !partial || (present && 8 * chunk < dv_count);
+            cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * 128, (k_in ? k_src : k_line) + 64 * h, k_in);
+            cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * 128,
+                        (v_in ? v_src : v_line) + 64 * h, v_in);
+          }
+          k_src += k_group_step;
+          v_src += v_group_step;
+        }
+      };
+      if (full_dims && base0_step + kSlabKeys <= keys_end) {
+        copy_rows(std::false_type{});
+      } else {
+        copy_rows(std::true_type{});
       }
       cp_async_commit();
-      first_key += Traits::kKeysPerBlockIter;
-      k_first += Traits::kKeysPerBlockIter / kKeysPerCopy * k_stream_step;
-      v_first += Traits::kKeysPerBlockIter / kKeysPerCopy * v_stream_step;
+      base0_step += Traits::kKeysPerBlockIter;
+      k_row_first += Traits::kKeysPerBlockIter / kLineRows * k_group_step;
+      v_row_first += Traits::kKeysPerBlockIter / kLineRows * v_group_step;
     }
   };
 
