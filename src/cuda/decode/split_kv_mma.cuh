@@ -183,12 +183,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int plain_hi = min(static_cast<int>(mask.key_end(i_first + 1)), keys_end);
   const float score_scale = p.softmax_scale * kLog2e;  // scores in log2 units
 
-  // The lane copies chunk c_lane of kLaneKeys keys per slab (K and V alike): key stream i holds
-  // slab key i * kKeysPerCopy + lane / kRowChunks.
+  // Short pages: the lane copies chunk c_lane of kLaneKeys keys per slab (K and V alike): key
+  // stream i holds slab key i * kKeysPerCopy + lane / kRowChunks.
   constexpr int kKeysPerCopy = 32 / kRowChunks;  // keys one warp-wide copy covers, whole rows
   constexpr int kStreams = Traits::kLaneKeys;
-  constexpr int kStreamSpan = (kStreams - 1) * kKeysPerCopy;  // a lane's last stream, rows after its first
-  static_assert(kStreamSpan < kSlabKeys, "a page of kSlabKeys rows holds a lane's streams or splits them once");
   constexpr bool kPaged = kWalk != CacheWalk::kContiguous;
   const int c_lane = lane % kRowChunks;
   const int base0 = keys_begin + warp * kSlabKeys;
@@ -233,16 +231,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       streams[s].block = lookup(streams[s].page, streams[s].key);
     }
   }
-  int first_key = base0 + lane / kRowChunks;
-  // Contiguous: the slab's rows are one cache row's keys, kLineRows a copy instruction: lane (r, c)
-  // = (lane / 8, lane % 8) copies chunk c of every 128-byte line of rows r, r + kLineRows, ... So
-  // a lane's copies of a row differ by immediate offsets and its rows by one stride per tensor:
-  // one address per row and tensor a step (the key streams above took ~9 instructions a copy for
-  // their per-stream addresses and presence, 152 a step at sm_90a bf16 hdim 128).
-  constexpr int kLineChunks = 8, kLineRows = 32 / kLineChunks;
+  // Contiguous and long pages: kLineRows rows a copy instruction, lane (r, c) = (lane / 8, lane % 8)
+  // copying chunk c of every 128-byte line of rows r, r + kLineRows, ... of the slab. So a lane's
+  // copies of a row differ by immediate offsets and its rows by one stride: one address per row and
+  // tensor a step. (Streams of single chunks, as the short pages walk, took ~9 instructions a copy
+  // for their own addresses and presence on a contiguous cache: 152 a step at sm_90a bf16 hdim 128.)
+  constexpr int kLineChunks = 8, kLineBytes = 16 * kLineChunks, kLineRows = 32 / kLineChunks;
   constexpr int kRowLines = kRowChunks / kLineChunks;  // 128-byte lines per key row
   constexpr int kRowGroups = kSlabKeys / kLineRows;    // rows a lane copies per slab and tensor
+  constexpr int kLineSpan = (kRowGroups - 1) * kLineRows;  // a lane's last row, rows after its first
+  static_assert(kLineSpan < kSlabKeys, "a page of kSlabKeys rows holds a lane's rows or splits them once");
   const int line_row = lane / kLineChunks, line_chunk = lane % kLineChunks;
+  int first_key = base0 + line_row;  // long pages: the key of the lane's first row in the next slab
   const Element* k_line = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * line_chunk;
   const Element* v_line = static_cast<const Element*>(p.v_cache) + hkv * p.v_cache_layout.head + 8 * line_chunk;
   int base0_step = base0;  // the first key of the warp's next slab
@@ -262,15 +262,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                          opaque(value_chunk_offset<kRowBytes>(line_row + kLineRows, line_chunk))};
   // A lane's chunks inside the head dims, per line: all of them but where D or Dv is below the class.
   const bool full_dims = d_count == kHeadDim && dv_count == kHeadDim;
-  // Long pages (at least kSlabKeys rows): a lane's streams lie in the page of its first stream or,
-  // past that page's end, in the next one: the first stream's page and row, and the block-table
+  // Long pages (at least kSlabKeys rows): a lane's rows lie in the page of its first row or, past
+  // that page's end, in the next one: the first row's page and row in the page, and the block-table
   // entries of both pages, read one step ahead and range-checked where a step uses them (so the
   // check waits for the read after a compute(), not right after the read).
   uint32_t first_page = 0, first_within = 0;
   int block_a = -1, block_b = -1;
   auto look_up_pages = [&]() {
     block_a = read_block(first_page, first_key);
-    block_b = first_within + kStreamSpan >= page_rows
+    block_b = first_within + kLineSpan >= page_rows
                   ? read_block(first_page + 1, first_key + static_cast<int>(page_rows - first_within))
                   : -1;
   };
@@ -282,8 +282,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Blocks: [0, cache_blocks) is the cache (cache_batch clamped to 2^31, above every int block), and
   // -1, no entry read, falls outside.
   const uint32_t cache_blocks = static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31));
-  const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_lane, p.k_cache_layout) : PagedTensor{};
-  const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_lane, p.v_cache_layout) : PagedTensor{};
+  const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_line, p.k_cache_layout) : PagedTensor{};
+  const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_line, p.v_cache_layout) : PagedTensor{};
   if constexpr (kWalk == CacheWalk::kLongPages) {
     const uint32_t position = static_cast<uint32_t>(row.leftpad + first_key);
     first_page = position / page_rows;
@@ -322,9 +322,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         st.block = lookup(st.page, st.key);
       }
     } else if constexpr (kWalk == CacheWalk::kLongPages) {
-      // Stream s, s * kKeysPerCopy rows after the first, is in page a while that is below rows_left,
-      // else in page b at row s * kKeysPerCopy - rows_left: so with page b's base rows_left rows
-      // before the page, both pages' addresses are base + s * kKeysPerCopy * row_bytes.
+      // Row group i, kLineRows i rows after the lane's first, is in page a while that is below
+      // rows_left, else in page b at row kLineRows i - rows_left: so with page b's base rows_left rows
+      // before the page, both pages' addresses are base + kLineRows i * row_bytes.
       const uint32_t rows_left = page_rows - first_within;
       const bool a_in = static_cast<uint32_t>(block_a) < cache_blocks;
       const bool b_in = static_cast<uint32_t>(block_b) < cache_blocks;
@@ -333,37 +333,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       const uintptr_t k_b = k_paged.lane + cache_b * k_paged.page_bytes - uint64_t(rows_left) * k_paged.row_bytes;
       const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
       const uintptr_t v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
-      // Stream s copies (its page in the cache, its key before keys_end, its chunk inside the head
-      // dim) when rows_from <= s * kKeysPerCopy < rows_to (per tensor): two compares a copy, where
-      // folding the four flags per stream took the compiler four to six instructions.
+      // A row group copies (its page in the cache, its key before keys_end) when rows_from <=
+      // kLineRows i < rows_to; a line also needs its chunk inside the head dim (per tensor).
       const int keys_left = keys_end - first_key;
       const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
       const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
-      const int k_rows_to = k_chunk ? rows_to : 0, v_rows_to = v_chunk ? rows_to : 0;
-      // Most steps keep all of a lane's streams in page a (pages of 16 rows without a left pad: every
-      // step), so the copies come twice: `straddles` false drops the page select (two SELs a copy)
-      // and folds a_in into one bound per copy (158 instructions a step against 201 with both pages;
-      // contiguous 152). Lanes that disagree run both, in the rare steps at a page end.
-      auto copy_streams = [&](auto straddles) {
+      // Most steps keep all of a lane's rows in page a (pages of 16 rows without a left pad: every
+      // step), so the copies come twice: `straddles` false drops the page select and folds a_in into
+      // one bound. Lanes that disagree run both, in the rare steps at a page end.
+      auto copy_rows = [&](auto straddles) {
         const int from = straddles ? rows_from : 0;
-        const int k_to = straddles || a_in ? k_rows_to : 0, v_to = straddles || a_in ? v_rows_to : 0;
+        const int to = straddles || a_in ? rows_to : 0;
 #pragma unroll
-        for (int s = 0; s < kStreams; ++s) {
-          const int rows_on = s * kKeysPerCopy;
+        for (int i = 0; i < kRowGroups; ++i) {
+          const int rows_on = i * kLineRows;
           const bool in_b = straddles && static_cast<uint32_t>(rows_on) >= rows_left;
-          const int key = rows_on + lane / kRowChunks;
           const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
           const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
-          cp_async_16(k_rows + key_chunk_offset<kRowBytes>(key, c_lane), reinterpret_cast<const void*>(k_src),
-                      rows_on >= from && rows_on < k_to);
-          cp_async_16(v_rows + value_offset(s), reinterpret_cast<const void*>(v_src),
-                      rows_on >= from && rows_on < v_to);
+          const bool row_in = rows_on >= from && rows_on < to;
+#pragma unroll
+          for (int h = 0; h < kRowLines; ++h) {
+            const int chunk = h * kLineChunks + line_chunk;
+            cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * kLineBytes,
+                        reinterpret_cast<const void*>(k_src + h * kLineBytes), row_in && 8 * chunk < d_count);
+            cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * kLineBytes,
+                        reinterpret_cast<const void*>(v_src + h * kLineBytes), row_in && 8 * chunk < dv_count);
+          }
         }
       };
-      if (rows_left > kStreamSpan) {
-        copy_streams(std::false_type{});
+      if (rows_left > kLineSpan) {
+        copy_rows(std::false_type{});
       } else {
-        copy_streams(std::true_type{});
+        copy_rows(std::true_type{});
       }
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
@@ -388,9 +389,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
             const int chunk = h * kLineChunks + line_chunk;
             const bool k_in = !partial || (present && 8 * chunk < d_count);
             const bool v_in = !partial || (present && 8 * chunk < dv_count);
-            cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * 128, (k_in ? k_src : k_line) + 64 * h, k_in);
-            cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * 128,
-                        (v_in ? v_src : v_line) + 64 * h, v_in);
+            constexpr int kLineElements = kLineBytes / int(sizeof(Element));
+            cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * kLineBytes,
+                        (k_in ? k_src : k_line) + kLineElements * h, k_in);
+            cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * kLineBytes,
+                        (v_in ? v_src : v_line) + kLineElements * h, v_in);
           }
           k_src += k_group_step;
           v_src += v_group_step;
