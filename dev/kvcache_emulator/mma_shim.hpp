@@ -23,7 +23,24 @@ template <> inline uint16_t Pack2<__half>::bits_of(float x) { return flashattn::
 template <> inline float Pack2<__half>::value_of(uint16_t b) { return flashattn::fp16_to_float(b); }
 
 namespace emu_mma {
-inline uint32_t a_slots[8][32][4], b_slots[8][32][2];
+inline uint32_t a_slots[8][32][4], b_slots[8][32][2], row_addresses[8][32];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8m .. 8m + 7 give the shared addresses of
+// rows 0-7 of matrix m (16 bytes each); lane i receives, in r[m], elements (row 2 (i % 4), column
+// i / 4) and (row 2 (i % 4) + 1, column i / 4) of matrix m, the first in the low half.
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  const int lane = emu::tid.x % 32, warp = emu::tid.x / 32;
+  emu_mma::row_addresses[warp][lane] = address;
+  emu::warp_barriers[warp]->arrive_and_wait();
+  auto element = [&](int matrix, int row, int column) {
+    uint16_t bits;
+    std::memcpy(&bits, emu::block_smem + emu_mma::row_addresses[warp][8 * matrix + row] + 2 * column, 2);
+    return uint32_t(bits);
+  };
+  for (int m = 0; m < 4; ++m)
+    r[m] = element(m, 2 * (lane % 4), lane / 4) | (element(m, 2 * (lane % 4) + 1, lane / 4) << 16);
+  emu::warp_barriers[warp]->arrive_and_wait();
 }
 
 template <typename T>

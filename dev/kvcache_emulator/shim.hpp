@@ -14,8 +14,10 @@
 #define __align__(x)
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };
+struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct __half { uint16_t bits; };
 struct __nv_bfloat16 { uint16_t bits; };
@@ -36,6 +38,10 @@ inline float warp_slots[8][32];
 #define blockIdx emu::bid
 #define gridDim emu::grid
 #define blockDim emu::block
+// Shared-space addresses are offsets into the emulated block's shared memory.
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return static_cast<size_t>(static_cast<const unsigned char*>(p) - emu::block_smem);
+}
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
   const int lane = emu::tid.x % 32, warp = emu::tid.x / 32;

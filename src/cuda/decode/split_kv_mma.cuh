@@ -9,7 +9,7 @@
 // padded), and the softmax runs once per element of the accumulators, so a key
 // costs about ten instructions and the kernel can wait on DRAM only.
 //
-// No ldmatrix and no block barrier in the loop: each warp streams its own slabs
+// No block barrier in the loop: each warp streams its own slabs
 // of 16 keys through a private ring of kStages stages filled by cp.async, whole
 // 128-byte lines per key row (ncu: copying the 64 bytes a lane group reads
 // itself left the L2 at 94 % busy with DRAM at 67 %), and the fragments are read
@@ -21,14 +21,13 @@
 //     (+2) in the first k-step of the block and + 4 (+6) in the second. Q's A
 //     fragments are built once with the same order, so the sum is the dot product.
 //   O += P V reduces over keys, which P's accumulator layout fixes (lane (g, t)
-//     holds keys 2t, 2t+1, 2t+8, 2t+9 of the slab); the output dims are free:
-//     column g of n-tile (h, i) stands for dim 64 h + 8 g + i. So the lane
-//     reads chunk 8h + g of its four keys and pairs keys with a byte permute
-//     into the B fragments of n-tiles (h, 0..7).
+//     holds keys 2t, 2t+1, 2t+8, 2t+9 of the slab): B (keys x dims) pairs two
+//     keys of one dim in a word, which ldmatrix.trans of 8 keys x one 16-byte
+//     chunk delivers; n-tile j is output dims 8j .. 8j + 7 (chunk j).
 // Swizzles (16-byte chunk c of key k stored at chunk c ^ x(k) of its row) make
 // both the line copies and these reads conflict-free: the 8 lanes of a quarter
-// warp read keys 2q, 2q+1 x chunks 4 blk .. +3 of K (x = 4 (k & 1)) and keys
-// 2t (+1) x chunks 8h + 2q, +1 of V (x = 2 ((k >> 1) & 3)).
+// warp read keys 2q, 2q+1 x chunks 4 blk .. +3 of K (x = 4 (k & 1)), and an
+// ldmatrix phase reads one chunk of 8 consecutive keys of V (x = k & 7).
 // Block: kWarps warps on one (split, row block, batch row x kv head); each warp
 // streams every kWarps-th slab of the split; the warps' softmax states are
 // merged at the end (block_merge.cuh).
@@ -56,8 +55,7 @@ struct SplitKvMmaTraits {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSlabKeys = kMmaSlabKeys;        // keys per warp step: the k of P V
   static constexpr int kKeyBlocks = kHeadDim / 32;      // S: chunks a lane reads per key (n-tile)
-  static constexpr int kValueHalves = kHeadDim / 64;    // P V: chunks a lane reads per key
-  static constexpr int kOutTiles = 8 * kValueHalves;    // n-tiles of 8 output dims
+  static constexpr int kOutTiles = kHeadDim / 8;        // P V: n-tiles of 8 output dims
   static constexpr int kRowChunks = kHeadDim / 8;       // 16-byte chunks of a key row
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kLaneKeys = kSlabKeys * kRowChunks / 32;  // keys whose chunk a lane copies per slab
@@ -90,7 +88,7 @@ template <int kRowBytes>
 __device__ __forceinline__ int key_chunk_offset(int k, int c) { return k * kRowBytes + ((c ^ ((k & 1) << 2)) << 4); }
 template <int kRowBytes>
 __device__ __forceinline__ int value_chunk_offset(int k, int c) {
-  return k * kRowBytes + ((c ^ (((k >> 1) & 3) << 1)) << 4);
+  return k * kRowBytes + ((c ^ (k & 7)) << 4);
 }
 
 // x, hidden from the optimizer (an empty asm that claims to change it; no instruction): for a
@@ -128,10 +126,6 @@ __device__ __forceinline__ PagedTensor paged_tensor(const Element* lane, const T
   return t;
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 // kWalk: how the instance steps a lane's key streams through the cache (the host
@@ -140,7 +134,7 @@ template <typename Traits, typename Element, CacheWalk kWalk>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     split_kv_mma_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int rows_padded) {
   constexpr int kRows = Traits::kRows, kHeadDim = Traits::kHeadDim, kRowBytes = Traits::kRowBytes;
-  constexpr int kKeyBlocks = Traits::kKeyBlocks, kValueHalves = Traits::kValueHalves;
+  constexpr int kKeyBlocks = Traits::kKeyBlocks;
   constexpr int kRowChunks = Traits::kRowChunks, kStages = Traits::kStages, kSlabKeys = Traits::kSlabKeys;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -260,6 +254,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int k_dest = opaque(key_chunk_offset<kRowBytes>(line_row, line_chunk));
   const int v_dest[2] = {opaque(value_chunk_offset<kRowBytes>(line_row, line_chunk)),
                          opaque(value_chunk_offset<kRowBytes>(line_row + kLineRows, line_chunk))};
+  // The row this lane addresses in compute()'s ldmatrix of V: key (lane & 7) + 8 ((lane >> 3) & 1)
+  // of the slab, chunk 2 jj + (lane >> 4) at chunk (2 jj + (lane >> 4)) ^ (lane & 7) of the row, that is
+  // 8 (jj / 4) + ((2 (jj % 4)) ^ (lane >> 4) ^ (lane & 7)): four lane constants and whole lines.
+  int v_read[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    v_read[q] = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + (((2 * q) ^ (lane >> 4) ^ (lane & 7)) << 4);
   // A lane's chunks inside the head dims, per line: all of them but where D or Dv is below the class.
   const bool full_dims = d_count == kHeadDim && dv_count == kHeadDim;
   // Long pages (at least kSlabKeys rows): a lane's rows lie in the page of its first row or, past
@@ -524,21 +525,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                                 sm80::Pack2<Element>::pack(s_acc[0][2], s_acc[0][3]),
                                 sm80::Pack2<Element>::pack(s_acc[1][0], s_acc[1][1]),
                                 sm80::Pack2<Element>::pack(s_acc[1][2], s_acc[1][3])};
+    // ldmatrix.x4.trans: matrices (keys 0-7, chunk 2jj), (keys 8-15, 2jj), (0-7, 2jj + 1), (8-15,
+    // 2jj + 1), the B fragments of n-tiles 2jj and 2jj + 1.
+    const uint32_t v_shared = static_cast<uint32_t>(__cvta_generic_to_shared(v_rows));
 #pragma unroll
-    for (int h = 0; h < kValueHalves; ++h) {
-      // Keys 2t, 2t+1, 2t+8, 2t+9; chunk 8h + g (dims 64 h + 8g .. + 7) of each.
-      auto value_chunk = [&](int key) {
-        return *reinterpret_cast<const uint4*>(v_rows + value_chunk_offset<kRowBytes>(key, 8 * h + g));
-      };
-      const uint4 v0 = value_chunk(2 * t), v1 = value_chunk(2 * t + 1);
-      const uint4 v2 = value_chunk(2 * t + 8), v3 = value_chunk(2 * t + 9);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t select = i % 2 == 0 ? 0x5410u : 0x7632u;  // low or high halves of a word pair
-        const uint32_t b0 = __byte_perm(word_of(v0, i / 2), word_of(v1, i / 2), select);
-        const uint32_t b1 = __byte_perm(word_of(v2, i / 2), word_of(v3, i / 2), select);
-        sm80::mma_16816<Element>(o_acc[8 * h + i], p_frag, b0, b1);
-      }
+    for (int jj = 0; jj < Traits::kOutTiles / 2; ++jj) {
+      uint32_t b[4];
+      sm80::ldmatrix_x4_trans(b, v_shared + v_read[jj % 4] + jj / 4 * kLineBytes);
+      sm80::mma_16816<Element>(o_acc[2 * jj], p_frag, b[0], b[1]);
+      sm80::mma_16816<Element>(o_acc[2 * jj + 1], p_frag, b[2], b[3]);
     }
   };
 
@@ -589,11 +584,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     if (r >= nrows) continue;  // a padding row: the merge reads rows below nrows only
     float* o_row = states.o + (warp * kRows + r) * kHeadDim;
 #pragma unroll
-    for (int h = 0; h < kValueHalves; ++h)
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) o_row[64 * h + 8 * (2 * t + e) + i] = o_acc[8 * h + i][2 * half + e];
+    for (int j = 0; j < Traits::kOutTiles; ++j)
+      *reinterpret_cast<float2*>(o_row + 8 * j + 2 * t) = make_float2(o_acc[j][2 * half], o_acc[j][2 * half + 1]);
   }
   __syncthreads();
   merge_and_store<Traits::kWarps, kRows, kHeadDim, Element>(p, states, nrows, r0, b, hkv, o_partial, lse_partial,
