@@ -88,6 +88,19 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// 2^x by the special-function unit alone. exp2f adds a rescaling for results below 2^-126 (four
+// instructions where one does); here those flush to zero, weights no softmax sum can see next to the
+// row maximum's 1. Other results are the same bits as exp2f's.
+__device__ __forceinline__ float exp2_flush(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // Programmatic dependent launch (sm_90+, kvcache_launch.cuh says which launches use it). The wait
 // holds the thread until the grids this one depends on have completed and their writes are visible
 // (at once in a grid launched in plain stream order), so it precedes every global access of a kernel

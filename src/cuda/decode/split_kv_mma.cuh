@@ -254,13 +254,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int k_dest = opaque(key_chunk_offset<kRowBytes>(line_row, line_chunk));
   const int v_dest[2] = {opaque(value_chunk_offset<kRowBytes>(line_row, line_chunk)),
                          opaque(value_chunk_offset<kRowBytes>(line_row + kLineRows, line_chunk))};
+  // The chunk this lane reads in compute()'s S = Q K^T, key_chunk_offset(8n + g, 4 blk + t): as K's
+  // swizzle flips bit 2 of the chunk on odd keys, g RB + 16 t + 64 ((blk % 2) ^ (g % 2)) plus whole
+  // lines and n-tiles, two lane constants (the compiler derived each read's offset anew every slab).
+  const int k_read[2] = {opaque(g * kRowBytes + 16 * t + 64 * (g % 2)),
+                         opaque(g * kRowBytes + 16 * t + 64 * (1 - g % 2))};
   // The row this lane addresses in compute()'s ldmatrix of V: key (lane & 7) + 8 ((lane >> 3) & 1)
   // of the slab, chunk 2 jj + (lane >> 4) at chunk (2 jj + (lane >> 4)) ^ (lane & 7) of the row, that is
   // 8 (jj / 4) + ((2 (jj % 4)) ^ (lane >> 4) ^ (lane & 7)): four lane constants and whole lines.
   int v_read[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q)
-    v_read[q] = ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + (((2 * q) ^ (lane >> 4) ^ (lane & 7)) << 4);
+    v_read[q] = opaque(((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + (((2 * q) ^ (lane >> 4) ^ (lane & 7)) << 4));
   // A lane's chunks inside the head dims, per line: all of them but where D or Dv is below the class.
   const bool full_dims = d_count == kHeadDim && dv_count == kHeadDim;
   // Long pages (at least kSlabKeys rows): a lane's rows lie in the page of its first row or, past
@@ -464,31 +469,35 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       for (int e = 0; e < 4; ++e) s_acc[n][e] = 0.0f;
 #pragma unroll
       for (int blk = 0; blk < kKeyBlocks; ++blk) {
-        const uint4 k = *reinterpret_cast<const uint4*>(k_rows + key_chunk_offset<kRowBytes>(8 * n + g, 4 * blk + t));
+        const uint4 k =
+            *reinterpret_cast<const uint4*>(k_rows + k_read[blk % 2] + blk / 2 * kLineBytes + 8 * n * kRowBytes);
         const uint4 q_lo = q_frag[blk][0], q_hi = q_frag[blk][1];
         sm80::mma_16816<Element>(s_acc[n], {q_lo.x, q_hi.x, q_lo.y, q_hi.y}, k.x, k.y);
         sm80::mma_16816<Element>(s_acc[n], {q_lo.z, q_hi.z, q_lo.w, q_hi.w}, k.z, k.w);
       }
     }
     // Scores in log2 units; s_acc[n][2 half + e] is row g + 8 half, key j0 + 8n + 2t + e.
-    const bool plain = plain_scores && j0 >= plain_lo && j0 + Traits::kSlabKeys <= plain_hi;
+    // One branch for the slab, not one per element (the compiler kept the per-element test).
+    if (plain_scores && j0 >= plain_lo && j0 + Traits::kSlabKeys <= plain_hi) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+        for (int e = 0; e < 4; ++e) s_acc[n][e] *= score_scale;
+    } else {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s_acc[n][2 * half + e];
-          if (plain) {
-            x *= score_scale;
-            continue;
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s_acc[n][2 * half + e];
+            const int j = j0 + 8 * n + 2 * t + e;
+            float score = x * p.softmax_scale;
+            if (p.softcap > 0.0f) score = p.softcap * tanhf(score / p.softcap);
+            score -= slope[half] * static_cast<float>(abs(diagonal[half] - j));
+            x = j >= key_lo[half] && j < key_hi[half] && j < keys_end ? score * kLog2e : -INFINITY;
           }
-          const int j = j0 + 8 * n + 2 * t + e;
-          float score = x * p.softmax_scale;
-          if (p.softcap > 0.0f) score = p.softcap * tanhf(score / p.softcap);
-          score -= slope[half] * static_cast<float>(abs(diagonal[half] - j));
-          x = j >= key_lo[half] && j < key_hi[half] && j < keys_end ? score * kLog2e : -INFINITY;
-        }
+    }
     float alpha[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -498,14 +507,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       slab_max = fmaxf(slab_max, __shfl_xor_sync(0xffffffffu, slab_max, 2));
       const float m_new = fmaxf(m[half], slab_max);
       const bool any = m_new != -INFINITY;  // else every probability is 0 and nothing rescales
-      alpha[half] = any ? exp2f(m[half] - m_new) : 1.0f;
+      alpha[half] = any ? exp2_flush(m[half] - m_new) : 1.0f;
       const float m_use = any ? m_new : 0.0f;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s_acc[n][2 * half + e];
-          x = exp2f(x - m_use);
+          x = exp2_flush(x - m_use);
           l[half] = l[half] * (e == 0 && n == 0 ? alpha[half] : 1.0f) + x;
         }
       m[half] = m_new;
