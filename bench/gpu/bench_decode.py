@@ -12,7 +12,8 @@ replicated and the graph walks the copies, so every call reads from DRAM. Also: 
 heuristic's justification) and a decode step with append + rotary. Columns *_plain_ms: ours again with
 FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
 process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
-a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches).
+a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches). --reference-lib builds
+are timed on the contiguous cache with ours (ref_ms, ...) and on the paged one in the paged rounds (ref_paged16_ms).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
@@ -247,7 +248,12 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
         with environment("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM", "1"):  # the contiguous cache's split count
             graphs["paged16_one_per_sm"] = capture_graph(
                 [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
+        for label, reference in references:  # the reference builds on the same paged caches, same rounds
+            graphs[f"{label}_paged16"] = capture_graph(
+                [reference.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
         paged_ms = time_graphs_interleaved(graphs, len(caches))
+        for label, _ in references:
+            row[f"{label}_paged16_ms"] = paged_ms[f"{label}_paged16"]
         row["paged16_ms"] = paged_ms["paged16"]
         row["paged16_one_per_sm_ms"] = paged_ms["paged16_one_per_sm"]
         row["ours_ms_paged_rounds"] = paged_ms["ours"]
@@ -325,7 +331,9 @@ def main():
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
-                  + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references),
+                  + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references)
+                  + "".join(f"; {label} paged16 x{row[f'{label}_paged16_ms'] / row['ours_ms_paged_rounds']:.3f}"
+                            for label, _ in references if f"{label}_paged16_ms" in row),
                   flush=True)
     result["decode"] = rows
     for B, S in ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)):
