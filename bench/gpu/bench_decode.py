@@ -6,9 +6,10 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
     (pages in a random order); bandwidth = K/V bytes read per second
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
 Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
-of 9 rounds that replay every column's graph once (ours, the references, the SDPA backends; the paged caches
-in rounds of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are
-replicated and the graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the
+of 9 rounds (--rounds) that replay every column's graph once, each round starting at the next column (ours,
+the references, the SDPA backends; the paged caches in rounds of their own with ours again, paged16_vs_contig
+their ratio). Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call reads
+from DRAM. Also: a num_splits sweep (the
 heuristic's justification) and a decode step with append + rotary. Columns *_plain_ms: ours again with
 FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
 process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
@@ -124,16 +125,22 @@ def capture_graph(fns):
     return graph
 
 
-def time_graphs_interleaved(graphs, calls, rounds=9):
+ROUNDS = 9  # --rounds
+
+
+def time_graphs_interleaved(graphs, calls, rounds=None):
     """Median time of one call of each graph ({name: graph of `calls` calls}), in rounds that replay every graph
     once: a clock ramp or drift falls on every column alike. (Timing each column in its own block put the first
-    one 0.4-0.5 us above the same kernels timed again after the others at B = 1 4k, session 24.)"""
-    times = {name: [] for name in graphs}
-    for _ in range(rounds):
-        for name, graph in graphs.items():
+    one 0.4-0.5 us above the same kernels timed again after the others at B = 1 4k, session 24.) Round r starts
+    at column r (mod the count), so no column always runs first or right after another one."""
+    names = list(graphs)
+    times = {name: [] for name in names}
+    for r in range(rounds or ROUNDS):
+        first = r % len(names)
+        for name in names[first:] + names[:first]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            graph.replay()
+            graphs[name].replay()
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / calls)
@@ -301,6 +308,7 @@ def decode_step_with_append(kv, B=8, S=32768, H=32, Hkv=8, D=128):
 
 
 def main():
+    global ROUNDS
     parser = argparse.ArgumentParser()
     parser.add_argument("--lib", default=None)
     parser.add_argument("--out", default=".")
@@ -309,7 +317,10 @@ def main():
                         help="another build (e.g. the previous commit): its contiguous decode timed on the same "
                              "caches in the same rounds as ours (column ref_ms); repeat it for more builds "
                              "(ref2_ms, ref3_ms, ...)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds of the interleaved timing of each cell (the median is reported)")
     args = parser.parse_args()
+    ROUNDS = args.rounds
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
                   for i, lib in enumerate(args.reference_lib)]
