@@ -319,8 +319,12 @@ def main():
                              "(ref2_ms, ref3_ms, ...)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="rounds of the interleaved timing of each cell (the median is reported)")
+    parser.add_argument("--sweep", default="1x4096,1x32768,1x131072,8x4096,8x32768",
+                        help="cells BxS of the num_splits sweep, comma-separated ('' for none)")
+    parser.add_argument("--no-table", action="store_true", help="skip the decode table (the sweep and the rest only)")
     args = parser.parse_args()
     ROUNDS = args.rounds
+    sweep_cells = [tuple(int(x) for x in cell.split("x")) for cell in args.sweep.split(",") if cell]
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
                   for i, lib in enumerate(args.reference_lib)]
@@ -329,7 +333,7 @@ def main():
     result["copy_GBps"] = copy_bandwidth()
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)", flush=True)
     rows = []
-    for B in (1, 8, 64):
+    for B in () if args.no_table else (1, 8, 64):
         for S in (4096, 32768, 131072):
             if args.quick and B * S > 8 * 32768:
                 continue
@@ -347,10 +351,10 @@ def main():
                             for label, _ in references if f"{label}_paged16_ms" in row),
                   flush=True)
     result["decode"] = rows
-    for B, S in ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768)):
-        name = f"split_sweep_B{B}_S{S // 1024}k"
+    for B, S in sweep_cells:
+        name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         result[name] = split_sweep(kv, B, S)
-        print(f"num_splits sweep B={B} S={S // 1024}k (ms):", {k: round(v, 4) for k, v in result[name].items()},
+        print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):", {k: round(v, 4) for k, v in result[name].items()},
               flush=True)
     result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
     print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
