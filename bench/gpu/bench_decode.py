@@ -354,8 +354,8 @@ def main():
     for B, S in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         result[name] = split_sweep(kv, B, S)
-        print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):", {k: round(v, 4) for k, v in result[name].items()},
-              flush=True)
+        print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
+              {k: round(v, 4) for k, v in result[name].items()}, flush=True)
     result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
     print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
     with open(os.path.join(args.out, "bench_decode.json"), "w") as f:
