@@ -9,8 +9,8 @@ Timing: CUDA graphs of several calls (no launch or Python overhead in the number
 of 9 rounds (--rounds) that replay every column's graph once, each round starting at the next column (ours,
 the references, the SDPA backends; the paged caches in rounds of their own with ours again, paged16_vs_contig
 their ratio). Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call reads
-from DRAM. Also: a num_splits sweep (the
-heuristic's justification) and a decode step with append + rotary. Columns *_plain_ms: ours again with
+from DRAM. Also: a num_splits sweep (the heuristic's justification; --sweep picks its cells, its counts timed in
+the same interleaved rounds) and a decode step with append + rotary. Columns *_plain_ms: ours again with
 FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
 process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
 a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches). --reference-lib builds
