@@ -9,11 +9,11 @@
 #   FA_HEADDIMS="64;128"           head-dim classes to compile
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
 #   FA_PROFILE_LIB=""              a library built earlier in the call (e.g. device_run.sh's build/): no build
-#   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes (also
-#                                  b8_32k_s2, b8_32k_p16_s2: B = 8, 32k keys, two splits = one block per SM,
-#                                  contiguous and paged 16; b1_16: B = 1, 16 keys, a call's fixed cost;
-#                                  b64_4k; cudnn_b64_4k cudnn_b1_4k cudnn_b1_16: torch SDPA's cuDNN
-#                                  kernel on the same attention, every kernel of the call)
+#   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes, each
+#                                  [combine_|cudnn_]b<B>_<S>[k][_p<page>][_s<splits>] (see
+#                                  profile_decode_case: e.g. b8_32k_p16_s2 is B = 8, 32k keys, paged 16,
+#                                  two splits; b1_16 a 16-key call, the fixed cost; cudnn_b1_4k torch
+#                                  SDPA's cuDNN call, every kernel of it)
 #   FA_FWD_CASES="fwd128 fwd64"    which forward shapes (also fwd128_4k, fwd128_causal_4k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,25 +52,28 @@ profile() {  # profile NAME KERNEL_REGEX COMMAND...
   note "== ncu $name: exit $? | $(grep -m1 -E 'Duration' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'DRAM Throughput' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu/$name.txt" | tr -s ' ')"
 }
 
-decode_case() { [[ " ${FA_DECODE_CASES:-b64_32k b1_128k b8_128k b1_4k combine_b1_4k} " == *" $1 "* ]]; }
+# A decode case [combine_]b<B>_<S>[k][_p<page>][_s<splits>]: our split kernel (or, with combine_, the
+# combine kernel) of a call with batch B and S keys (k: thousands of 1024), paged with that page size,
+# with that split count (else the heuristic's). cudnn_b<B>_<S>[k]: every kernel of torch SDPA's cuDNN
+# call on the same attention.
+profile_decode_case() {
+  local name=$1 pattern='^(combine_|cudnn_)?b([0-9]+)_([0-9]+)(k?)(_p([0-9]+))?(_s([0-9]+))?$'
+  [[ $name =~ $pattern ]] || { note "== decode case $name: expected [combine_|cudnn_]b<B>_<S>[k][_p<page>][_s<splits>]"; return; }
+  local kind=${BASH_REMATCH[1]} batch=${BASH_REMATCH[2]} cache=${BASH_REMATCH[3]}
+  [[ -n ${BASH_REMATCH[4]} ]] && cache=$((cache * 1024))
+  local args=(--batch "$batch" --cache "$cache")
+  [[ -n ${BASH_REMATCH[6]} ]] && args+=(--paged "${BASH_REMATCH[6]}")
+  [[ -n ${BASH_REMATCH[8]} ]] && args+=(--splits "${BASH_REMATCH[8]}")
+  case $kind in
+    combine_) profile "$name" combine python3 bench/gpu/profile_decode.py "${args[@]}" ;;
+    cudnn_) FA_NCU_LAUNCHES=all profile "$name" '.*' python3 bench/gpu/profile_decode.py "${args[@]}" --sdpa cudnn ;;
+    *) profile "decode_$name" split_kv python3 bench/gpu/profile_decode.py "${args[@]}" ;;
+  esac
+}
 if has decode; then
-  decode_case b64_32k && profile decode_b64_32k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 32768
-  decode_case b1_128k && profile decode_b1_128k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 131072
-  decode_case b8_128k && profile decode_b8_128k split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 131072
-  decode_case b1_4k && profile decode_b1_4k split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
-  decode_case combine_b1_4k && profile combine_b1_4k combine python3 bench/gpu/profile_decode.py --batch 1 --cache 4096
-  decode_case b1_16 && profile decode_b1_16 split_kv python3 bench/gpu/profile_decode.py --batch 1 --cache 16
-  decode_case b64_4k && profile decode_b64_4k split_kv python3 bench/gpu/profile_decode.py --batch 64 --cache 4096
-  # cuDNN's call may run more than one kernel: every kernel of the second call is profiled.
-  for shape in "64 4096" "1 4096" "1 16"; do
-    set -- $shape
-    name=cudnn_b$1_$(( $2 >= 1024 ? $2 / 1024 : $2 ))$( (( $2 >= 1024 )) && echo k)
-    decode_case "$name" && FA_NCU_LAUNCHES=all profile "$name" '.*' python3 bench/gpu/profile_decode.py --batch "$1" \
-      --cache "$2" --sdpa cudnn
+  for case_name in ${FA_DECODE_CASES:-b64_32k b1_128k b8_128k b1_4k combine_b1_4k}; do
+    profile_decode_case "$case_name"
   done
-  decode_case b8_32k_s2 && profile decode_b8_32k_s2 split_kv python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --splits 2
-  decode_case b8_32k_p16_s2 && profile decode_b8_32k_p16_s2 split_kv \
-    python3 bench/gpu/profile_decode.py --batch 8 --cache 32768 --paged 16 --splits 2
 fi
 if has bwd; then
   profile bwd128 'sm80::bwd_kernel' python3 bench/gpu/profile_bwd.py --dim 128

@@ -122,6 +122,10 @@ def capture_graph(fns):
                 fn()
     torch.cuda.synchronize()
     graph.replay()
+    # The graph holds the calls' addresses, not their buffers: kept alive with it, or each workspace (a closure's
+    # tensor) is freed here, and the next capture's empty_cache unmaps it before this graph's next replay
+    # (session 30: an illegal address in a sweep).
+    graph.calls = list(fns)
     return graph
 
 
