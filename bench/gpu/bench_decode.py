@@ -334,8 +334,12 @@ def main():
                   for i, lib in enumerate(args.reference_lib)]
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     result["references"] = {label: lib for (label, _), lib in zip(references, args.reference_lib)}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # The DRAM's peak as the split plan reads it (split_plan.hpp): double data rate, clock in kHz.
+    result["dram_peak_GBps"] = 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8 / 1e9
     result["copy_GBps"] = copy_bandwidth()
-    print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)", flush=True)
+    print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write); DRAM peak "
+          f"{result['dram_peak_GBps']:.0f} GB/s", flush=True)
     rows = []
     for B in () if args.no_table else (1, 8, 64):
         for S in (4096, 32768, 131072):

@@ -41,30 +41,16 @@ int kvcache_head_dim_class(int64_t head_dim, int64_t head_dim_v) {
   return 0;
 }
 
-// The fewest splits whose wave efficiency (blocks / (waves * slots)) is within 95 % of
-// the best; no split when B * Hkv * row blocks already fill the GPU. A split gets at
-// least four tiles of keys. flash-attn's rule takes 85 %; on the H200 that chose 28-29
-// splits at B = 1 (8 KV heads, 264 slots), 232 blocks, and the sweep of session 8 timed
-// 32 splits 10 % faster at 32k keys (56.0 vs 61.7 us); at B = 8, 4k both rules take 4,
-// the best count of the sweep. With two tiles a split, B = 1 with 4k keys took 31
-// splits (22.0 us in session 9's sweep, some splits with three tiles); 16 splits of
-// four tiles took 19.3 us, the best of that sweep, since each block's fixed cost
-// outweighs a tile (dev/kvcache_decode.md). slots: the SMs times
-// split_blocks_per_sm (one mma block per SM on a contiguous cache since session 14).
-int choose_splits(int64_t blocks, int64_t capacity, int slots) {
-  const int64_t max_by_keys = std::max<int64_t>(1, capacity / (4 * decode::kKeysPerTile));
-  const int max_splits = static_cast<int>(std::min<int64_t>({kMaxSplits, max_by_keys, slots}));
-  if (blocks >= int64_t(slots) * 8 / 10 || max_splits <= 1) return 1;
-  double best = 0.0;
-  double efficiency[kMaxSplits + 1] = {};
-  for (int s = 1; s <= max_splits; ++s) {
-    const double waves = double(blocks * s) / slots;
-    efficiency[s] = waves / std::ceil(waves);
-    best = std::max(best, efficiency[s]);
+// The DRAM's peak bandwidth in bytes per second from the device's attributes (0 where it does not
+// say): double data rate over the bus, the memory clock in kHz. H100 SXM 3.35e12, H200 4.8e12.
+double dram_bytes_per_second(int device_index) {
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device_index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_index) != cudaSuccess) {
+    cudaGetLastError();  // an attribute this driver does not report: no bandwidth rule, not an error
+    return 0.0;
   }
-  for (int s = 1; s <= max_splits; ++s)
-    if (efficiency[s] >= 0.95 * best) return s;
-  return 1;
+  return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
 }
 
 fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
@@ -80,11 +66,17 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
   FA_CUDA_CHECK(
       cudaDeviceGetAttribute(&plan->smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
+  plan->ring = decode::mma_ring(head_dim_class, plan->smem_per_block);
   if (p.num_splits > 0) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {
     const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
-    plan->splits = choose_splits(blocks, p.capacity, slots);
+    // The DRAM rule only where it was measured: the mma kernel on a contiguous cache.
+    const bool unsplit_draws_the_dram =
+        kernel == decode::DecodeKernel::kMma && !p.paged &&
+        decode::grid_draws_the_dram(blocks, decode::mma_bytes_in_flight(plan->ring, head_dim_class),
+                                    dram_bytes_per_second(p.device_index));
+    plan->splits = decode::choose_splits(blocks, p.capacity, slots, unsplit_draws_the_dram);
   }
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;

@@ -153,9 +153,7 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     using CompactTraits = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
     using Compact = std::conditional_t<CompactTraits::kStages == Standard::kStages, Standard, CompactTraits>;
     const CacheWalk walk = cache_walk(p);
-    const Ring requested = requested_ring();
-    // hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB.
-    if (requested != Ring::kCompact && Standard::smem_bytes() <= smem_per_block) {
+    if (plan.ring == Ring::kStandard) {
       FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     } else {
       FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, stream));

@@ -10,14 +10,11 @@
 #include <cstring>
 
 #include "common/kvcache_params.hpp"
+#include "cuda/decode/split_plan.hpp"
 #include "cuda/launch.hpp"
 
 namespace flashattn::cuda::decode {
 
-// Keys per split come in multiples of kKeysPerTile (the tile of split_kv_kernel).
-constexpr int kKeysPerTile = 64;
-// Most splits of one call (combine_kernel keeps a weight per split in shared memory).
-constexpr int kMaxSplits = 128;
 // The largest Dv of the decode head-dim classes (combine_kernel's shared sums).
 constexpr int kMaxHeadDimV = 256;
 
@@ -75,16 +72,20 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
   return forced > 0 ? forced : blocks_per_sm(rows, kernel, head_dim_class);
 }
 
-// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kStandard
-// where the device's shared memory per block holds it, else kCompact. (A deeper ring for grids of
-// one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
-enum class Ring { kCompact, kStandard };
-
 // FLASHATTN_DECODE_RING=compact runs the sm_86/sm_89 instance on a GPU that fits more (the tests
 // compare it with the standard one), read per call; unset or other: kStandard.
 inline Ring requested_ring() {
   const char* value = std::getenv("FLASHATTN_DECODE_RING");
   return value != nullptr && std::strcmp(value, "compact") == 0 ? Ring::kCompact : Ring::kStandard;
+}
+
+// The ring a call of the mma kernel runs: the requested one where the device's opt-in shared memory
+// per block holds it (hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB).
+inline Ring mma_ring(int head_dim_class, int smem_per_block) {
+  const Ring requested = requested_ring();
+  return requested == Ring::kStandard && mma_smem_bytes(Ring::kStandard, head_dim_class) <= smem_per_block
+             ? Ring::kStandard
+             : Ring::kCompact;
 }
 
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
@@ -93,7 +94,8 @@ struct KvCachePlan {
   int splits = 1;
   int row_blocks = 1;
   int rows_padded = 0;  // row_blocks * rows_per_block
-  int smem_per_block = 0;         // the device's opt-in shared memory per block (which ring fits)
+  int smem_per_block = 0;         // the device's opt-in shared memory per block
+  Ring ring = Ring::kStandard;    // the mma kernel's ring (mma_ring)
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 

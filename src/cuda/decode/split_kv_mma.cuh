@@ -40,18 +40,18 @@
 #include "cuda/decode/kvcache_kernel.cuh"
 #include "cuda/decode/kvcache_launch.hpp"
 #include "cuda/decode/query_staging.cuh"
+#include "cuda/decode/split_plan.hpp"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashattn::cuda::decode {
 
-// The ring's depth (kvcache_launch.hpp, Ring): kStandard fits two blocks per SM on an H100/A100;
-// kCompact, one slab in flight at hdim 128, fits the 99 KiB of an sm_86/sm_89 block.
+// The ring's depth: Ring and mma_ring_stages (cache_walk.hpp), which the split plan reads too.
 template <typename Element, int kHeadDim_, Ring kRing_ = Ring::kStandard>
 struct SplitKvMmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr Ring kRing = kRing_;
   static constexpr int kRows = 16;  // M of the mma: packed query rows per block
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kMmaWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSlabKeys = kMmaSlabKeys;        // keys per warp step: the k of P V
   static constexpr int kKeyBlocks = kHeadDim / 32;      // S: chunks a lane reads per key (n-tile)
@@ -61,7 +61,7 @@ struct SplitKvMmaTraits {
   static constexpr int kLaneKeys = kSlabKeys * kRowChunks / 32;  // keys whose chunk a lane copies per slab
   static constexpr int kStageBytes = 2 * kSlabKeys * kRowBytes;  // K then V, (kSlabKeys, kRowBytes) each
   // Slabs per warp, kStages - 1 of them in flight.
-  static constexpr int kStages = kRing == Ring::kCompact ? (kHeadDim <= 64 ? 4 : 2) : (kHeadDim <= 64 ? 4 : 3);
+  static constexpr int kStages = mma_ring_stages(kRing, kHeadDim);
   static constexpr int kKeysPerBlockIter = kWarps * kSlabKeys;
   static constexpr int kMinBlocks = kRing == Ring::kStandard ? 2 : 1;
   static_assert(kHeadDim % 64 == 0, "the dim orders above need 64-dim halves");
@@ -72,6 +72,9 @@ struct SplitKvMmaTraits {
   static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
   static constexpr size_t merge_bytes() { return BlockStates<kWarps, kRows, kHeadDim>::bytes(); }
   static constexpr size_t smem_bytes() { return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes(); }
+  static_assert(int64_t(kWarps) * (kStages - 1) * kStageBytes == mma_bytes_in_flight(kRing, kHeadDim) &&
+                    ring_bytes() >= merge_bytes() && int64_t(smem_bytes()) == mma_smem_bytes(kRing, kHeadDim),
+                "the split plan (split_plan.hpp) counts this block's bytes in flight and shared memory");
 };
 
 // Where one lane's key of a stream is in a paged cache, advanced slab step by
