@@ -9,6 +9,7 @@
 #   FA_HEADDIMS="64;128"           head-dim classes to compile
 #   FA_CMAKE_ARGS=""               extra CMake arguments (e.g. -DFLASHATTN_CUDA_DECODE=tiles)
 #   FA_PROFILE_LIB=""              a library built earlier in the call (e.g. device_run.sh's build/): no build
+#   FA_NCU_METRICS=""              more ncu metrics, comma-separated (e.g. sm__cycles_active.min,...max)
 #   FA_DECODE_CASES="b64_32k b1_128k b8_128k b1_4k combine_b1_4k"   which decode shapes, each
 #                                  [combine_|cudnn_]b<B>_<S>[k][_p<page>][_s<splits>] (see
 #                                  profile_decode_case: e.g. b8_32k_p16_s2 is B = 8, 32k keys, paged 16,
@@ -47,8 +48,12 @@ profile() {  # profile NAME KERNEL_REGEX COMMAND...
   # FA_NCU_LAUNCHES=all: every matching launch after the first call's (a call of several kernels).
   local launches=(--launch-skip 1 --launch-count 1)
   [[ ${FA_NCU_LAUNCHES:-} == all ]] && launches=()
+  # FA_NCU_METRICS: more metrics, comma-separated (e.g. sm__cycles_active.min,sm__cycles_active.max: how
+  # unevenly the SMs' blocks finish).
+  local metrics=()
+  [[ -n ${FA_NCU_METRICS:-} ]] && metrics=(--metrics "$FA_NCU_METRICS")
   timeout 150 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" "${launches[@]}" \
-    "${SECTIONS[@]}" "$@" >"$OUT/ncu/$name.txt" 2>&1
+    "${SECTIONS[@]}" "${metrics[@]}" "$@" >"$OUT/ncu/$name.txt" 2>&1
   note "== ncu $name: exit $? | $(grep -m1 -E 'Duration' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'DRAM Throughput' "$OUT/ncu/$name.txt" | tr -s ' ') |$(grep -m1 -E 'Compute \(SM\) Throughput' "$OUT/ncu/$name.txt" | tr -s ' ')"
 }
 
