@@ -276,17 +276,20 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     return row
 
 
-def split_sweep(kv, B, S, H=32, Hkv=8, D=128):
+def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0):
+    """Our call at each num_splits (0: the heuristic's), on a contiguous cache or, with `page`, a paged one."""
     k = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     copies = max(1, math.ceil(4 * L2_BYTES / (2 * k.numel() * 2)))
     ks = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(copies - 1)]
+    ks = [(kc, vc, None) for kc, vc in ks] if not page else [make_paged(kc, vc, page) for kc, vc in ks]
     q = torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     # Every count's graph in the same rounds, as the table's columns: timed one after another, a clock drift
     # during the sweep read as a trend over the counts (session 29: 215 us at 0-16 splits, 190 at 64, B = 1 128k).
-    graphs = {str(splits): capture_graph([kv.call(q, kc, vc, out, seqlens, num_splits=splits) for kc, vc in ks])
+    graphs = {str(splits): capture_graph([kv.call(q, kc, vc, out, seqlens, block_table=table, num_splits=splits)
+                                          for kc, vc, table in ks])
               for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128)}
     return time_graphs_interleaved(graphs, len(ks))
 
@@ -324,11 +327,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="rounds of the interleaved timing of each cell (the median is reported)")
     parser.add_argument("--sweep", default="1x4096,1x32768,1x131072,8x4096,8x32768",
-                        help="cells BxS of the num_splits sweep, comma-separated ('' for none)")
+                        help="cells BxS of the num_splits sweep, comma-separated ('' for none); BxSpP: paged, "
+                             "pages of P rows")
     parser.add_argument("--no-table", action="store_true", help="skip the decode table (the sweep and the rest only)")
     args = parser.parse_args()
     ROUNDS = args.rounds
-    sweep_cells = [tuple(int(x) for x in cell.split("x")) for cell in args.sweep.split(",") if cell]
+    # BxS, or BxSpP for a paged cache of P-row pages
+    sweep_cells = [(int(b), int(rest.split("p")[0]), int(rest.split("p")[1]) if "p" in rest else 0)
+                   for b, rest in (cell.split("x") for cell in args.sweep.split(",") if cell)]
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
                   for i, lib in enumerate(args.reference_lib)]
@@ -359,9 +365,10 @@ def main():
                             for label, _ in references if f"{label}_paged16_ms" in row),
                   flush=True)
     result["decode"] = rows
-    for B, S in sweep_cells:
+    for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
-        result[name] = split_sweep(kv, B, S)
+        name += f"_paged{page}" if page else ""
+        result[name] = split_sweep(kv, B, S, page=page)
         print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
               {k: round(v, 4) for k, v in result[name].items()}, flush=True)
     result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
