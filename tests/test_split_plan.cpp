@@ -26,16 +26,6 @@ TEST(SplitPlan, RingFigures) {
   EXPECT_EQ(mma_bytes_in_flight(Ring::kStandard, 64), 48 * 1024);      // 4 warps x 3 slabs x 4 KiB
   EXPECT_EQ(mma_smem_bytes(Ring::kStandard, 128), 104 * 1024);         // ncu: 106.50 KB a block
   EXPECT_EQ(mma_smem_bytes(Ring::kCompact, 128), 72 * 1024);
-  EXPECT_EQ(mma_warps(Ring::kWide), 8);
-  EXPECT_EQ(mma_bytes_in_flight(Ring::kWide, 128), 2 * kInFlight128);  // 8 warps x 2 slabs x 8 KiB
-  EXPECT_EQ(mma_smem_bytes(Ring::kWide, 128), 200 * 1024);             // an H100/H200 block holds 227 KiB
-}
-
-TEST(SplitPlan, WideBlocksDrawTwiceTheBytes) {
-  // 64 wide blocks pull ~7 TB/s by the count: no split on either GPU; 32 (B = 4) only on the H100.
-  EXPECT_TRUE(grid_draws_the_dram(64, mma_bytes_in_flight(Ring::kWide, 128), kH200Dram));
-  EXPECT_TRUE(grid_draws_the_dram(32, mma_bytes_in_flight(Ring::kWide, 128), kH100Dram));
-  EXPECT_FALSE(grid_draws_the_dram(32, mma_bytes_in_flight(Ring::kWide, 128), kH200Dram));
 }
 
 TEST(SplitPlan, UnsplitGridThatDrawsTheDram) {

@@ -88,18 +88,14 @@ def eager_time_ms(fns, reps=5):
 @contextlib.contextmanager
 def environment(name, value):
     """os.environ[name] = value for the calls (and captures) inside: the library reads its FLASHATTN_DECODE_*
-    variables per call. Make the calls' closures inside too: their workspace is sized when they are made.
-    value None: the variable unset inside."""
+    variables per call. Make the calls' closures inside too: their workspace is sized when they are made."""
     previous = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+    os.environ[name] = value
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(name, None)
+            del os.environ[name]
         else:
             os.environ[name] = previous
 
@@ -224,8 +220,6 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     graphs = {"ours": ours}
     with plain_stream_order():
         graphs["ours_plain"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
-    with environment("FLASHATTN_DECODE_RING", "wide"):  # the eight-warp block (and the split count it plans)
-        graphs["ours_wide"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     for label, reference in references:  # other builds of the library on the same caches
         graphs[label] = capture_graph([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     eager = {}
@@ -282,9 +276,8 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     return row
 
 
-def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0, ring=None):
-    """Our call at each num_splits (0: the heuristic's), on a contiguous cache or, with `page`, a paged one;
-    `ring`: FLASHATTN_DECODE_RING for the calls (e.g. "wide")."""
+def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0):
+    """Our call at each num_splits (0: the heuristic's), on a contiguous cache or, with `page`, a paged one."""
     k = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     copies = max(1, math.ceil(4 * L2_BYTES / (2 * k.numel() * 2)))
@@ -295,10 +288,9 @@ def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0, ring=None):
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     # Every count's graph in the same rounds, as the table's columns: timed one after another, a clock drift
     # during the sweep read as a trend over the counts (session 29: 215 us at 0-16 splits, 190 at 64, B = 1 128k).
-    with environment("FLASHATTN_DECODE_RING", ring):
-        graphs = {str(splits): capture_graph([kv.call(q, kc, vc, out, seqlens, block_table=table, num_splits=splits)
-                                              for kc, vc, table in ks])
-                  for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128)}
+    graphs = {str(splits): capture_graph([kv.call(q, kc, vc, out, seqlens, block_table=table, num_splits=splits)
+                                          for kc, vc, table in ks])
+              for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128)}
     return time_graphs_interleaved(graphs, len(ks))
 
 
@@ -336,13 +328,12 @@ def main():
                         help="rounds of the interleaved timing of each cell (the median is reported)")
     parser.add_argument("--sweep", default="1x4096,1x32768,1x131072,8x4096,8x32768",
                         help="cells BxS of the num_splits sweep, comma-separated ('' for none); BxSpP: paged, "
-                             "pages of P rows; BxSw: the wide block (FLASHATTN_DECODE_RING=wide)")
+                             "pages of P rows")
     parser.add_argument("--no-table", action="store_true", help="skip the decode table (the sweep and the rest only)")
     args = parser.parse_args()
     ROUNDS = args.rounds
-    # BxS, BxSpP for a paged cache of P-row pages, BxSw for the wide block
-    sweep_cells = [(int(b), int(rest.rstrip("w").split("p")[0]),
-                    int(rest.split("p")[1]) if "p" in rest else 0, "wide" if rest.endswith("w") else None)
+    # BxS, or BxSpP for a paged cache of P-row pages
+    sweep_cells = [(int(b), int(rest.split("p")[0]), int(rest.split("p")[1]) if "p" in rest else 0)
                    for b, rest in (cell.split("x") for cell in args.sweep.split(",") if cell)]
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
@@ -365,8 +356,7 @@ def main():
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
-                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us; "
-                  f"wide block {row['ours_wide_ms'] * 1e3:.1f} us), "
+                  f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
@@ -375,10 +365,10 @@ def main():
                             for label, _ in references if f"{label}_paged16_ms" in row),
                   flush=True)
     result["decode"] = rows
-    for B, S, page, ring in sweep_cells:
+    for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
-        name += (f"_paged{page}" if page else "") + (f"_{ring}" if ring else "")
-        result[name] = split_sweep(kv, B, S, page=page, ring=ring)
+        name += f"_paged{page}" if page else ""
+        result[name] = split_sweep(kv, B, S, page=page)
         print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
               {k: round(v, 4) for k, v in result[name].items()}, flush=True)
     result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)

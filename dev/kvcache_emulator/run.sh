@@ -23,10 +23,6 @@ cases+=("1000 15 3 2" "1000 16 1 2" "1003 17 7 2" "777 24 5 2" "1000 48 2 2" "15
 # The compact ring's instance on every walk.
 cases+=("300 0 1 2 128 0 0 0 2" "1000 0 3 2 128 0 1 0 2" "1000 16 3 2 128 1 0 5 2" "1003 17 7 2 128 1 1 9 2"
   "1000 15 3 2 128 1 0 4 2" "2500 1000 6 2 128 1 1 0 2" "1000 16 3 2 64 0 0 0 2")
-# The wide block (eight warps) on contiguous caches: no split, splits of one tile (four warps idle), key
-# counts that end inside a slab, hdim 64, padded strides, a left pad, an empty cache.
-cases+=("300 0 1 2 128 0 0 0 3" "4096 0 28 2 128 0 0 0 3" "1003 0 7 2 128 0 1 0 3" "777 0 3 2 64 0 0 0 3"
-  "1000 0 5 2 128 0 0 90 3" "2500 0 1 2 64 0 1 5 3" "0 0 4 2 128 0 0 0 3" "5 0 2 2 128 0 0 0 3")
 for args in "${cases[@]}"; do
   "$work/emu" $args
 done

@@ -167,46 +167,6 @@ TEST(GpuKvCacheRing, RingsAgreeBitwise) {
   EXPECT_GT(compared, 0) << "no case in the shared list";
 }
 
-// The wide block (eight warps, FLASHATTN_DECODE_RING=wide) on every contiguous case of the shared list,
-// with the case's split count and with 1, 3 and 16: the same keys in another order of warps and merges, so
-// the 2x rule against the reference with every output element written, not the standard block's bits. Where
-// the device holds the block (200 KiB at hdim 128), some case must differ in bits from the standard block's,
-// or the wide path did not run.
-TEST(GpuKvCacheRing, WideBlockMatchesReference) {
-  FA_GPU_TEST_OR_SKIP();
-  int checked = 0, differing = 0;
-  for (const KvCase& shared : as_gpu(kvcache_cases())) {
-    if (shared.slow || shared.page_size > 0) continue;
-    for (int32_t splits : {shared.num_splits, 1, 3, 16}) {
-      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits));
-      KvCase c = shared;
-      c.num_splits = splits;
-      KvProblem standard = make_kv_problem(c);
-      run_on_device(standard);
-      if (HasFatalFailure()) return;
-      KvProblem wide = make_kv_problem(c);
-      wide.poison_outputs();
-      {
-        const ScopedEnv ring("FLASHATTN_DECODE_RING", "wide");
-        run_on_device(wide);
-      }
-      if (HasFatalFailure()) return;
-      ASSERT_TRUE(fully_written("out", wide.out));
-      if (c.with_lse) {
-        ASSERT_TRUE(fully_written("lse", wide.lse));
-      }
-      expect_kvcache_matches(wide);
-      differing += wide.out.bytes() != standard.out.bytes() ? 1 : 0;
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 0) << "no contiguous case in the shared list";
-  int device = 0, smem_per_block = 0;
-  FA_CUDA_ASSERT(cudaGetDevice(&device));
-  FA_CUDA_ASSERT(cudaDeviceGetAttribute(&smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (smem_per_block >= 200 * 1024) EXPECT_GT(differing, 0) << "the wide block never ran";
-}
-
 // A shared case with 4 splits (the combine runs; the short case gets the 2 its keys allow) on a
 // stream of its own, called once eagerly and checked against the reference. The tests below make
 // the same call in other ways and expect that call's bytes of out, lse and the appended cache.

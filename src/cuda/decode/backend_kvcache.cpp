@@ -66,7 +66,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device_index));
   FA_CUDA_CHECK(
       cudaDeviceGetAttribute(&plan->smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
-  plan->ring = decode::mma_ring(head_dim_class, plan->smem_per_block, !p.paged);
+  plan->ring = decode::mma_ring(head_dim_class, plan->smem_per_block);
   if (p.num_splits > 0) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {

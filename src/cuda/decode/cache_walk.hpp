@@ -11,20 +11,17 @@ namespace flashattn::cuda::decode {
 
 // Keys per warp step of the mma kernel: the k of its P V mma.
 constexpr int kMmaSlabKeys = 16;
-// The block shape of the mma kernel: warps, each streaming its own slabs through its own cp.async
-// ring, and the ring's depth. The launcher takes kStandard where the device's shared memory per block
-// holds it, else kCompact; kWide only where FLASHATTN_DECODE_RING=wide asks for it on a contiguous cache
-// (kvcache_launch.hpp, mma_ring). (A deeper ring for grids of one block per SM timed 0-4 % slower on the
-// H200: dev/kvcache_decode.md v15.)
-//   kStandard  4 warps; fits two blocks per SM on an H100/A100 (104 KiB at hdim 128)
-//   kCompact   4 warps, one slab in flight at hdim 128: fits the 99 KiB of an sm_86/sm_89 block
-//   kWide      8 warps of the standard depth, one block per SM (200 KiB at hdim 128): twice the warps
-//              to issue a block's slabs, where one block per SM is all the grid has (v22)
-enum class Ring { kCompact, kStandard, kWide };
+// Warps per block of the mma kernel, each streaming its own slabs through its own ring.
+constexpr int kMmaWarps = 4;
 
-constexpr int mma_warps(Ring ring) { return ring == Ring::kWide ? 8 : 4; }
+// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kStandard
+// where the device's shared memory per block holds it, else kCompact. (A deeper ring for grids of
+// one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
+enum class Ring { kCompact, kStandard };
 
-// Stages of a warp's ring, kStages - 1 slabs of K and V in flight.
+// Stages of a warp's ring, kStages - 1 slabs of K and V in flight: the standard ring fits two blocks
+// per SM on an H100/A100 (96 KiB at hdim 128); the compact one, one slab in flight at hdim 128, fits
+// the 99 KiB of an sm_86/sm_89 block.
 constexpr int mma_ring_stages(Ring ring, int head_dim_class) {
   return ring == Ring::kCompact ? (head_dim_class <= 64 ? 4 : 2) : (head_dim_class <= 64 ? 4 : 3);
 }
@@ -32,8 +29,7 @@ constexpr int mma_ring_stages(Ring ring, int head_dim_class) {
 // Bytes of K and V that one block of the mma kernel has requested at a time (bf16/fp16):
 // hdim 128, standard ring: 4 warps x 2 slabs x 8 KiB = 64 KiB.
 constexpr int64_t mma_bytes_in_flight(Ring ring, int head_dim_class) {
-  return int64_t(mma_warps(ring)) * (mma_ring_stages(ring, head_dim_class) - 1) * 2 * kMmaSlabKeys *
-         head_dim_class * 2;
+  return int64_t(kMmaWarps) * (mma_ring_stages(ring, head_dim_class) - 1) * 2 * kMmaSlabKeys * head_dim_class * 2;
 }
 
 // How an mma kernel instance steps a lane's key streams through the cache:

@@ -153,13 +153,7 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     using CompactTraits = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
     using Compact = std::conditional_t<CompactTraits::kStages == Standard::kStages, Standard, CompactTraits>;
     const CacheWalk walk = cache_walk(p);
-    if (plan.ring == Ring::kWide) {
-      using Wide = SplitKvMmaTraits<Element, kHeadDim, Ring::kWide>;
-      if (walk != CacheWalk::kContiguous)
-        return fail(FA_ERROR_INTERNAL, "kvcache: the wide decode block was planned for a paged cache");
-      FA_TRY((launch_split_kv<Wide>)(split_kv_mma_kernel<Wide, Element, CacheWalk::kContiguous>, p, plan, o_partial,
-                                     lse_partial, stream));
-    } else if (plan.ring == Ring::kStandard) {
+    if (plan.ring == Ring::kStandard) {
       FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     } else {
       FA_TRY((launch_mma_walk<Compact, Element>)(walk, p, plan, o_partial, lse_partial, stream));

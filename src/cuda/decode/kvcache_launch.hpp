@@ -73,26 +73,17 @@ inline int split_blocks_per_sm(int64_t rows, DecodeKernel kernel, int head_dim_c
 }
 
 // FLASHATTN_DECODE_RING=compact runs the sm_86/sm_89 instance on a GPU that fits more (the tests
-// compare it with the standard one); =wide the eight-warp block where it can run (a contiguous cache, a
-// device that fits it), for the tests and for bench_decode.py to time it against the standard block in
-// one process. Read per call; unset or other: kStandard.
+// compare it with the standard one), read per call; unset or other: kStandard.
 inline Ring requested_ring() {
   const char* value = std::getenv("FLASHATTN_DECODE_RING");
-  if (value == nullptr) return Ring::kStandard;
-  return std::strcmp(value, "compact") == 0 ? Ring::kCompact
-         : std::strcmp(value, "wide") == 0  ? Ring::kWide
-                                            : Ring::kStandard;
+  return value != nullptr && std::strcmp(value, "compact") == 0 ? Ring::kCompact : Ring::kStandard;
 }
 
-// The block a call of the mma kernel runs: the requested one where it can run, else the standard one
-// where the device's opt-in shared memory per block holds it (hdim 128: its 104 KiB do not fit an
-// sm_86/sm_89 block's 99 KiB), else the compact one. The wide block has an instance for the contiguous
-// walk only.
-inline Ring mma_ring(int head_dim_class, int smem_per_block, bool contiguous) {
+// The ring a call of the mma kernel runs: the requested one where the device's opt-in shared memory
+// per block holds it (hdim 128: the standard ring's 104 KiB do not fit an sm_86/sm_89 block's 99 KiB).
+inline Ring mma_ring(int head_dim_class, int smem_per_block) {
   const Ring requested = requested_ring();
-  if (requested == Ring::kWide && contiguous && mma_smem_bytes(Ring::kWide, head_dim_class) <= smem_per_block)
-    return Ring::kWide;
-  return requested != Ring::kCompact && mma_smem_bytes(Ring::kStandard, head_dim_class) <= smem_per_block
+  return requested == Ring::kStandard && mma_smem_bytes(Ring::kStandard, head_dim_class) <= smem_per_block
              ? Ring::kStandard
              : Ring::kCompact;
 }

@@ -51,7 +51,7 @@ struct SplitKvMmaTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr Ring kRing = kRing_;
   static constexpr int kRows = 16;  // M of the mma: packed query rows per block
-  static constexpr int kWarps = mma_warps(kRing);
+  static constexpr int kWarps = kMmaWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSlabKeys = kMmaSlabKeys;        // keys per warp step: the k of P V
   static constexpr int kKeyBlocks = kHeadDim / 32;      // S: chunks a lane reads per key (n-tile)
@@ -65,7 +65,7 @@ struct SplitKvMmaTraits {
   static constexpr int kKeysPerBlockIter = kWarps * kSlabKeys;
   static constexpr int kMinBlocks = kRing == Ring::kStandard ? 2 : 1;
   static_assert(kHeadDim % 64 == 0, "the dim orders above need 64-dim halves");
-  static_assert(kKeysPerTile % kSlabKeys == 0, "split boundaries fall between slabs");
+  static_assert(kKeysPerBlockIter == kKeysPerTile, "splits come in whole block steps");
   // Ring (kWarps, kStages, kStageBytes): at hdim 128 96 KiB (2 blocks per SM), compact 64; then Q
   // staged as fp32 (kRows, kHeadDim) for the fragments. The ring becomes the merge buffer after the loop.
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }

@@ -18,7 +18,7 @@ constexpr int kMaxSplits = 128;
 // The mma kernel's shared memory per block (SplitKvMmaTraits::smem_bytes, which asserts that it
 // agrees): the ring, then Q staged as fp32 (16 rows, hdim); the block merge reuses the ring.
 constexpr int64_t mma_smem_bytes(Ring ring, int head_dim_class) {
-  return int64_t(mma_warps(ring)) * mma_ring_stages(ring, head_dim_class) * 2 * kMmaSlabKeys * head_dim_class * 2 +
+  return int64_t(kMmaWarps) * mma_ring_stages(ring, head_dim_class) * 2 * kMmaSlabKeys * head_dim_class * 2 +
          int64_t(16) * head_dim_class * 4;
 }
 
