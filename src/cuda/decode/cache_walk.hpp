@@ -14,8 +14,8 @@ constexpr int kMmaSlabKeys = 16;
 // Warps per block of the mma kernel, each streaming its own slabs through its own ring.
 constexpr int kMmaWarps = 4;
 
-// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the launcher takes kStandard
-// where the device's shared memory per block holds it, else kCompact. (A deeper ring for grids of
+// The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the split plan takes kStandard
+// where the device's shared memory per block holds it, else kCompact (mma_ring, kvcache_launch.hpp). (A deeper ring for grids of
 // one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
 enum class Ring { kCompact, kStandard };
 
