@@ -24,6 +24,8 @@
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
 #   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
 #   FA_SANITIZERS="memcheck racecheck"       compute-sanitizer tools
+#   FA_REQUIRE_GPU=""                        e.g. "H200": on any GPU whose name lacks it, say so and stop
+#                                            before building (a call that may land on an H100 costs seconds)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fa_out}
@@ -36,6 +38,11 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 note "== device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null), $JOBS cores"
+if [ -n "${FA_REQUIRE_GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
+  grep -q -- "$FA_REQUIRE_GPU"; then
+  note "== FA_REQUIRE_GPU=$FA_REQUIRE_GPU: not this GPU, nothing run"
+  exit 0
+fi
 note "== nvcc: $(nvcc --version | tail -1)"
 
 if has_stage build; then
