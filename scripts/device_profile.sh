@@ -63,7 +63,10 @@ profile() {  # profile NAME KERNEL_REGEX COMMAND...
 # call on the same attention.
 profile_decode_case() {
   local name=$1 pattern='^(combine_|cudnn_)?b([0-9]+)_([0-9]+)(k?)(_p([0-9]+))?(_s([0-9]+))?$'
-  [[ $name =~ $pattern ]] || { note "== decode case $name: expected [combine_|cudnn_]b<B>_<S>[k][_p<page>][_s<splits>]"; return; }
+  if ! [[ $name =~ $pattern ]]; then
+    note "== decode case $name: expected [combine_|cudnn_]b<B>_<S>[k][_p<page>][_s<splits>]"
+    return
+  fi
   local kind=${BASH_REMATCH[1]} batch=${BASH_REMATCH[2]} cache=${BASH_REMATCH[3]}
   [[ -n ${BASH_REMATCH[4]} ]] && cache=$((cache * 1024))
   local args=(--batch "$batch" --cache "$cache")

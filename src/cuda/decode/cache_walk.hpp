@@ -15,8 +15,8 @@ constexpr int kMmaSlabKeys = 16;
 constexpr int kMmaWarps = 4;
 
 // The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the split plan takes kStandard
-// where the device's shared memory per block holds it, else kCompact (mma_ring, kvcache_launch.hpp). (A deeper ring for grids of
-// one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
+// where the device's shared memory per block holds it, else kCompact (mma_ring, kvcache_launch.hpp).
+// (A deeper ring for grids of one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
 enum class Ring { kCompact, kStandard };
 
 // Stages of a warp's ring, kStages - 1 slabs of K and V in flight: the standard ring fits two blocks
