@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // hdim 128; contiguous 174). Addresses are integers since page b's base may point before its page.
   // Blocks: [0, cache_blocks) is the cache (cache_batch clamped to 2^31, above every int block), and
   // -1, no entry read, falls outside.
-  const uint32_t cache_blocks = static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31));
+  // (opaque: the compiler derived it from the parameter again every step, six instructions.)
+  const uint32_t cache_blocks = opaque(static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31)));
   const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_line, p.k_cache_layout) : PagedTensor{};
   const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_line, p.v_cache_layout) : PagedTensor{};
   if constexpr (kWalk == CacheWalk::kLongPages) {
@@ -336,44 +337,52 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       // before the page, both pages' addresses are base + kLineRows i * row_bytes.
       const uint32_t rows_left = page_rows - first_within;
       const bool a_in = static_cast<uint32_t>(block_a) < cache_blocks;
-      const bool b_in = static_cast<uint32_t>(block_b) < cache_blocks;
-      const uint32_t cache_a = a_in ? block_a : 0, cache_b = b_in ? block_b : 0;  // absent: any address
+      const uint32_t cache_a = a_in ? block_a : 0;  // absent: any address
       const uintptr_t k_a = k_paged.lane + cache_a * k_paged.page_bytes + uint64_t(first_within) * k_paged.row_bytes;
-      const uintptr_t k_b = k_paged.lane + cache_b * k_paged.page_bytes - uint64_t(rows_left) * k_paged.row_bytes;
       const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
-      const uintptr_t v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
-      // A row group copies (its page in the cache, its key before keys_end) when rows_from <=
-      // kLineRows i < rows_to; a line also needs its chunk inside the head dim (per tensor).
       const int keys_left = keys_end - first_key;
-      const int rows_from = a_in ? 0 : static_cast<int>(rows_left);
-      const int rows_to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
-      // Most steps keep all of a lane's rows in page a (pages of 16 rows without a left pad: every
-      // step), so the copies come twice: `straddles` false drops the page select and folds a_in into
-      // one bound. Lanes that disagree run both, in the rare steps at a page end.
-      auto copy_rows = [&](auto straddles) {
-        const int from = straddles ? rows_from : 0;
-        const int to = straddles || a_in ? rows_to : 0;
+      // A row group copies (its page in the cache, its key before keys_end) when rows_from <=
+      // kLineRows i < rows_to; a line also needs its chunk inside the head dim (per tensor). Most
+      // steps keep all of a lane's rows in page a (pages of 16 rows without a left pad: every step),
+      // so the copies come three times: `straddles` false drops page b (whose addresses the compiler
+      // otherwise computed every step), and `checked` false, where every row and chunk is in, drops
+      // the 16 predicates. Lanes that disagree run more than one, in the rare steps at a page end.
+      auto copy_rows = [&](auto straddles, auto checked) {
+        uintptr_t k_b = 0, v_b = 0;
+        int from = 0, to = a_in ? keys_left : 0;
+        if constexpr (decltype(straddles)::value) {
+          const bool b_in = static_cast<uint32_t>(block_b) < cache_blocks;
+          const uint32_t cache_b = b_in ? block_b : 0;
+          k_b = k_paged.lane + cache_b * k_paged.page_bytes - uint64_t(rows_left) * k_paged.row_bytes;
+          v_b = v_paged.lane + cache_b * v_paged.page_bytes - uint64_t(rows_left) * v_paged.row_bytes;
+          from = a_in ? 0 : static_cast<int>(rows_left);
+          to = b_in ? keys_left : min(keys_left, static_cast<int>(rows_left));
+        }
 #pragma unroll
         for (int i = 0; i < kRowGroups; ++i) {
           const int rows_on = i * kLineRows;
-          const bool in_b = straddles && static_cast<uint32_t>(rows_on) >= rows_left;
+          const bool in_b = decltype(straddles)::value && static_cast<uint32_t>(rows_on) >= rows_left;
           const uintptr_t k_src = (in_b ? k_b : k_a) + uint64_t(rows_on) * k_paged.row_bytes;
           const uintptr_t v_src = (in_b ? v_b : v_a) + uint64_t(rows_on) * v_paged.row_bytes;
-          const bool row_in = rows_on >= from && rows_on < to;
+          const bool row_in = !decltype(checked)::value || (rows_on >= from && rows_on < to);
 #pragma unroll
           for (int h = 0; h < kRowLines; ++h) {
             const int chunk = h * kLineChunks + line_chunk;
+            const bool k_in = !decltype(checked)::value || (row_in && 8 * chunk < d_count);
+            const bool v_in = !decltype(checked)::value || (row_in && 8 * chunk < dv_count);
             cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * kLineBytes,
-                        reinterpret_cast<const void*>(k_src + h * kLineBytes), row_in && 8 * chunk < d_count);
+                        reinterpret_cast<const void*>(k_src + h * kLineBytes), k_in);
             cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * kLineBytes,
-                        reinterpret_cast<const void*>(v_src + h * kLineBytes), row_in && 8 * chunk < dv_count);
+                        reinterpret_cast<const void*>(v_src + h * kLineBytes), v_in);
           }
         }
       };
-      if (rows_left > kLineSpan) {
-        copy_rows(std::false_type{});
+      if (rows_left <= kLineSpan) {
+        copy_rows(std::true_type{}, std::true_type{});
+      } else if (!a_in || keys_left <= kLineSpan || !full_dims) {
+        copy_rows(std::false_type{}, std::true_type{});
       } else {
-        copy_rows(std::true_type{});
+        copy_rows(std::false_type{}, std::false_type{});
       }
       cp_async_commit();
       first_key += Traits::kKeysPerBlockIter;
