@@ -346,6 +346,17 @@ def main():
     result["copy_GBps"] = copy_bandwidth()
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write); DRAM peak "
           f"{result['dram_peak_GBps']:.0f} GB/s", flush=True)
+    # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow for
+    # some seconds (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the
+    # table and 39.9 in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100).
+    for B, S, page in sweep_cells:
+        name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
+        name += f"_paged{page}" if page else ""
+        result[name] = split_sweep(kv, B, S, page=page)
+        print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
+              {k: round(v, 4) for k, v in result[name].items()}, flush=True)
+    result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
+    print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
     rows = []
     for B in () if args.no_table else (1, 8, 64):
         for S in (4096, 32768, 131072):
@@ -365,14 +376,6 @@ def main():
                             for label, _ in references if f"{label}_paged16_ms" in row),
                   flush=True)
     result["decode"] = rows
-    for B, S, page in sweep_cells:
-        name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
-        name += f"_paged{page}" if page else ""
-        result[name] = split_sweep(kv, B, S, page=page)
-        print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
-              {k: round(v, 4) for k, v in result[name].items()}, flush=True)
-    result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
-    print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
     with open(os.path.join(args.out, "bench_decode.json"), "w") as f:
         json.dump(result, f, indent=1)
 
