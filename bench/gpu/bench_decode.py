@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from fa_ctypes import FaKvcacheArgs, FlashAttn  # noqa: E402
+from gpu_monitor import GpuMonitor, describe  # noqa: E402
 
 GIB = 1 << 30
 L2_BYTES = 60 << 20
@@ -343,26 +344,38 @@ def main():
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     # The DRAM's peak as the split plan reads it (split_plan.hpp): double data rate, clock in kHz.
     result["dram_peak_GBps"] = 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8 / 1e9
-    result["copy_GBps"] = copy_bandwidth()
+    # Clocks, temperatures and power beside each phase's timings (gpu_monitor.py), for the slow seconds below.
+    monitor = GpuMonitor(torch.cuda.current_device())
+    result["gpu_state"] = []
+    with monitor.phase("copy") as state:
+        result["copy_GBps"] = copy_bandwidth()
+    result["gpu_state"].append(state)
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write); DRAM peak "
-          f"{result['dram_peak_GBps']:.0f} GB/s", flush=True)
+          f"{result['dram_peak_GBps']:.0f} GB/s; GPU: {describe(state)}", flush=True)
     # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow for
     # some seconds (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the
     # table and 39.9 in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100).
     for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         name += f"_paged{page}" if page else ""
-        result[name] = split_sweep(kv, B, S, page=page)
+        with monitor.phase(name) as state:
+            result[name] = split_sweep(kv, B, S, page=page)
+        result["gpu_state"].append(state)
         print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
-              {k: round(v, 4) for k, v in result[name].items()}, flush=True)
-    result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
-    print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"])
+              {k: round(v, 4) for k, v in result[name].items()}, f"GPU: {describe(state)}", flush=True)
+    with monitor.phase("decode_step") as state:
+        result["decode_step_append_rotary_paged16"] = decode_step_with_append(kv)
+    result["gpu_state"].append(state)
+    print("decode step with append + rotary, paged 16:", result["decode_step_append_rotary_paged16"],
+          f"GPU: {describe(state)}", flush=True)
     rows = []
     for B in () if args.no_table else (1, 8, 64):
         for S in (4096, 32768, 131072):
             if args.quick and B * S > 8 * 32768:
                 continue
-            row = bench_config(kv, B, S, references=references)
+            with monitor.phase(f"table_B{B}_S{S // 1024}k") as state:
+                row = bench_config(kv, B, S, references=references)
+            row["gpu"] = state
             row["ours_vs_copy"] = row["ours_GBps"] / result["copy_GBps"]
             rows.append(row)
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
