@@ -71,7 +71,9 @@ struct SplitKvMmaTraits {
   static constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kStageBytes; }
   static constexpr size_t q_bytes() { return size_t(kRows) * kHeadDim * sizeof(float); }
   static constexpr size_t merge_bytes() { return BlockStates<kWarps, kRows, kHeadDim>::bytes(); }
-  static constexpr size_t smem_bytes() { return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes(); }
+  static constexpr size_t smem_bytes() {
+    return (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes()) + q_bytes();
+  }
   static_assert(int64_t(kWarps) * (kStages - 1) * kStageBytes == mma_bytes_in_flight(kRing, kHeadDim) &&
                     ring_bytes() >= merge_bytes() && int64_t(smem_bytes()) == mma_smem_bytes(kRing, kHeadDim),
                 "the split plan (split_plan.hpp) counts this block's bytes in flight and shared memory");
@@ -291,7 +293,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // Blocks: [0, cache_blocks) is the cache (cache_batch clamped to 2^31, above every int block), and
   // -1, no entry read, falls outside.
   // (opaque: the compiler derived it from the parameter again every step, six instructions.)
-  const uint32_t cache_blocks = opaque(static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31)));
+  const uint32_t cache_blocks =
+      opaque(static_cast<uint32_t>(min(max(p.cache_batch, int64_t(0)), int64_t(1) << 31)));
   const PagedTensor k_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(k_line, p.k_cache_layout) : PagedTensor{};
   const PagedTensor v_paged = kWalk == CacheWalk::kLongPages ? paged_tensor(v_line, p.v_cache_layout) : PagedTensor{};
   if constexpr (kWalk == CacheWalk::kLongPages) {
@@ -341,12 +344,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       const uintptr_t k_a = k_paged.lane + cache_a * k_paged.page_bytes + uint64_t(first_within) * k_paged.row_bytes;
       const uintptr_t v_a = v_paged.lane + cache_a * v_paged.page_bytes + uint64_t(first_within) * v_paged.row_bytes;
       const int keys_left = keys_end - first_key;
-      // A row group copies (its page in the cache, its key before keys_end) when rows_from <=
-      // kLineRows i < rows_to; a line also needs its chunk inside the head dim (per tensor). Most
-      // steps keep all of a lane's rows in page a (pages of 16 rows without a left pad: every step),
-      // so the copies come three times: `straddles` false drops page b (whose addresses the compiler
-      // otherwise computed every step), and `checked` false, where every row and chunk is in, drops
-      // the 16 predicates. Lanes that disagree run more than one, in the rare steps at a page end.
+      // A row group copies (its page in the cache, its key before keys_end) when from <= kLineRows i
+      // < to; a line also needs its chunk inside the head dim (per tensor). Most steps keep all of a
+      // lane's rows in page a (pages of 16 rows without a left pad: every step), so the copies come
+      // three times: `straddles` false drops page b (whose addresses the compiler otherwise computed
+      // every step), and `checked` false, where every row and chunk is in, drops the 16 predicates.
+      // Lanes that disagree run more than one, in the rare steps at a page end.
       auto copy_rows = [&](auto straddles, auto checked) {
         uintptr_t k_b = 0, v_b = 0;
         int from = 0, to = a_in ? keys_left : 0;
