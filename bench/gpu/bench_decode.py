@@ -344,7 +344,7 @@ def main():
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     # The DRAM's peak as the split plan reads it (split_plan.hpp): double data rate, clock in kHz.
     result["dram_peak_GBps"] = 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8 / 1e9
-    # Clocks, temperatures and power beside each phase's timings (gpu_monitor.py), for the slow seconds below.
+    # Clocks, temperatures and power beside each phase's timings (gpu_monitor.py), for the slow state below.
     monitor = GpuMonitor(torch.cuda.current_device())
     result["gpu_state"] = []
     with monitor.phase("copy") as state:
@@ -352,9 +352,11 @@ def main():
     result["gpu_state"].append(state)
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write); DRAM peak "
           f"{result['dram_peak_GBps']:.0f} GB/s; GPU: {describe(state)}", flush=True)
-    # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow for
-    # some seconds (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the
-    # table and 39.9 in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100).
+    # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow
+    # (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the table and 39.9
+    # in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100). The first few timed
+    # graphs after heavy DRAM traffic read slow, and idling for a second does not end it
+    # (decode_after_load.py); after the copy benchmark, one decode step.
     for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         name += f"_paged{page}" if page else ""

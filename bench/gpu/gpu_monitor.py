@@ -1,7 +1,7 @@
 """What the GPU's clocks, temperatures and power were while a phase of a benchmark ran, read by nvidia-smi.
 
-Session 32 saw sweeps and single measurements read 10-18 % slow for some seconds after heavy DRAM traffic (a
-4 GiB copy, the decode table's B = 64 cells) with nothing in the JSON to say why. A phase now runs beside
+Session 32 saw sweeps and single measurements read 10-18 % slow right after heavy DRAM traffic (a 4 GiB copy,
+the decode table's B = 64 cells) with nothing in the JSON to say why. A phase now runs beside
 `nvidia-smi --query-gpu=... -lms 200`, and its samples are summed up next to its timings. Read-only: nothing here
 sets a clock, a power limit or a mode. On a machine without nvidia-smi every summary is empty.
 
