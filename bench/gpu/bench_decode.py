@@ -5,12 +5,12 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
   * ours: fa_fwd_kvcache on the contiguous cache (B, S, Hkv, D) and on a paged cache of page size 16
     (pages in a random order); bandwidth = K/V bytes read per second
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
-Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, median
-of 9 rounds (--rounds) that replay every column's graph once, each round starting at the next column (ours,
-the references, the SDPA backends; the paged caches in rounds of their own with ours again, paged16_vs_contig
-their ratio). Caches smaller than 4x the L2 are replicated and the graph walks the copies, so every call reads
-from DRAM. Also: a num_splits sweep (the heuristic's justification; --sweep picks its cells, its counts timed in
-the same interleaved rounds) and a decode step with append + rotary. Columns *_plain_ms: ours again with
+Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, after untimed
+rounds that keep the GPU busy for 0.2 s (warm_up), median of 9 rounds (--rounds) that replay every column's graph
+once, each round starting at the next column (ours, the references, the SDPA backends; the paged caches in rounds
+of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the
+graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
+--sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary. Columns *_plain_ms: ours again with
 FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
 process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
 a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches). --reference-lib builds
@@ -131,6 +131,23 @@ def capture_graph(fns):
 
 
 ROUNDS = 9  # --rounds
+WARMUP_SECONDS = 0.2
+
+
+def warm_up(graphs):
+    """Untimed rounds of every graph until they have kept the GPU busy for WARMUP_SECONDS. Right after heavy DRAM
+    traffic (the copy benchmark, the B = 64 cells) the next graphs run 12-17 % slow until some tens of ms of GPU
+    work have passed; idling does not end it (decode_after_load.py, session 32: 50 replays of the decode step, 18
+    ms, left it slow, 200 replays, 72 ms, did not)."""
+    busy_ms = 0.0
+    while busy_ms < WARMUP_SECONDS * 1e3:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for graph in graphs.values():
+            graph.replay()
+        end.record()
+        end.synchronize()
+        busy_ms += start.elapsed_time(end)
 
 
 def time_graphs_interleaved(graphs, calls, rounds=None):
@@ -140,6 +157,7 @@ def time_graphs_interleaved(graphs, calls, rounds=None):
     at column r (mod the count), so no column always runs first or right after another one."""
     names = list(graphs)
     times = {name: [] for name in names}
+    warm_up(graphs)
     for r in range(rounds or ROUNDS):
         first = r % len(names)
         for name in names[first:] + names[:first]:
@@ -354,9 +372,8 @@ def main():
           f"{result['dram_peak_GBps']:.0f} GB/s; GPU: {describe(state)}", flush=True)
     # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow
     # (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the table and 39.9
-    # in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100). The first few timed
-    # graphs after heavy DRAM traffic read slow, and idling for a second does not end it
-    # (decode_after_load.py); after the copy benchmark, one decode step.
+    # in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100). warm_up() now ends
+    # that state before every set of timed rounds; the order stays, as the sweeps need no more than that.
     for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         name += f"_paged{page}" if page else ""

@@ -1,10 +1,11 @@
-"""How long our decode step reads slow after heavy DRAM traffic (session 32), and whether idling ends it.
+"""Whether our decode step reads slow after heavy DRAM traffic, and whether the benchmark's warm-up ends it.
 
 Sweeps and the decode step timed right after the copy benchmark or the decode table's B = 64 cells read 10-18 %
 slow (BENCHMARKS.md session 32). This times bench_decode's decode step (append + rotary, paged 16, B = 8, 32k; a
-fresh cache and graph each time) eight times in a row: in a fresh process, after the copy benchmark and a 1 s
-sleep, after our B = 64 128k cell and a 1 s sleep, and after that cell again with no sleep. Each line gives the
-step's time and nvidia-smi's clocks over it (gpu_monitor.py; a step takes ~15 ms, often too short for a sample).
+fresh cache and graph each time) eight times in a row: in a fresh process; after the copy benchmark and a 1 s
+sleep; after our B = 64 128k cell with no warm-up before each step's timed rounds (bench_decode.warm_up), and after
+that cell again with the default warm-up. Each line gives the step's time and nvidia-smi's clocks over it
+(gpu_monitor.py; without the warm-up a step takes ~15 ms, often too short for a sample).
 
 usage: FLASHATTN_LIB=build/libflashattn.so python3 bench/gpu/decode_after_load.py
 """
@@ -38,12 +39,12 @@ def main():
     print("copy benchmark; GPU:", describe(state), flush=True)
     time.sleep(1.0)
     steps_in_a_row(kv, monitor, "after the copy and 1 s")
-    for sleep in (1.0, 0.0):
+    for warmup in (0.0, bench_decode.WARMUP_SECONDS):
         with monitor.phase("b64") as state:
             row = bench_decode.bench_config(kv, 64, 131072, sdpa=False)
         print(f"B = 64 128k: ours {row['ours_ms'] * 1e3:.1f} us; GPU: {describe(state)}", flush=True)
-        time.sleep(sleep)
-        steps_in_a_row(kv, monitor, f"after B = 64 128k and {sleep:.0f} s")
+        bench_decode.WARMUP_SECONDS = warmup
+        steps_in_a_row(kv, monitor, f"after B = 64 128k, {warmup * 1e3:.0f} ms of untimed replays first")
 
 
 if __name__ == "__main__":
