@@ -10,9 +10,9 @@ rounds that keep the GPU busy for 0.2 s (warm_up), median of 9 rounds (--rounds)
 once, each round starting at the next column (ours, the references, the SDPA backends; the paged caches in rounds
 of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the
 graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
---sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary. Columns *_plain_ms: ours again with
-FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode kernels), an A/B of that launch in one
-process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
+--sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary.
+Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode
+kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
 a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches). --reference-lib builds
 are timed on the contiguous cache with ours (ref_ms, ...) and on the paged one in the paged rounds (ref_paged16_ms).
 
@@ -372,8 +372,8 @@ def main():
           f"{result['dram_peak_GBps']:.0f} GB/s; GPU: {describe(state)}", flush=True)
     # The sweeps and the decode step first: right after the table's B = 64 cells they read 10-18 % slow
     # (session 32: B = 8 4k's heuristic 45.0 us in a sweep after the table against 40.8 in the table and 39.9
-    # in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100). warm_up() now ends
-    # that state before every set of timed rounds; the order stays, as the sweeps need no more than that.
+    # in a sweep of a process without it, H200; paged B = 8 32k 428 against 364, H100). warm_up() ends that
+    # state before every set of timed rounds; this order is kept as a second guard.
     for B, S, page in sweep_cells:
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         name += f"_paged{page}" if page else ""
