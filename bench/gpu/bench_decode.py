@@ -12,9 +12,10 @@ of their own with ours again, paged16_vs_contig their ratio). Caches smaller tha
 graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
 --sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary.
 Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode
-kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again with FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of
-a contiguous cache; paged16_ms takes the default, two blocks per SM on paged caches). --reference-lib builds
-are timed on the contiguous cache with ours (ref_ms, ...) and on the paged one in the paged rounds (ref_paged16_ms).
+kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again with
+FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the default, two
+blocks per SM on paged caches). --reference-lib builds are timed on the contiguous cache with ours (ref_ms, ...)
+and on the paged one in the paged rounds (ref_paged16_ms).
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
