@@ -16,6 +16,8 @@
 #                                            "fwdtable": issue 5's forward table (1k-16k, tile/persistent),
 #                                            "decode": the KV-cache decode benchmark against copy and SDPA,
 #                                            "decodecost": a decode call's fixed cost (bench/gpu/decode_fixed_cost.py),
+#                                            "readfloor": what a kernel that only reads reaches per call for the
+#                                              decode cells' byte counts (bench/gpu/read_floor.cu),
 #                                            "overhead": host cost of the Python op layer on CUDA,
 #                                            "reference": A/B against FA_REFERENCE_SRC in one process,
 #                                            "variants": builds with FA_VARIANTS' defines, A/B in one process)
@@ -203,6 +205,15 @@ if has_stage decodecost; then
   cat "$OUT/decode_fixed_cost.txt" >>"$SUMMARY"
 fi
 
+# What a read-only kernel reaches for the decode cells' byte counts, against the same copy (bench/gpu/read_floor.cu).
+if has_stage readfloor; then
+  nvcc -O3 -std=c++17 ${FA_GENCODE:--gencode=arch=compute_90a,code=sm_90a} bench/gpu/read_floor.cu \
+    -o /tmp/read_floor >"$OUT/read_floor.txt" 2>&1 &&
+    timeout "${FA_READFLOOR_TIMEOUT:-120}" /tmp/read_floor --json "$OUT/read_floor.json" >>"$OUT/read_floor.txt" 2>&1
+  note "== read floor: exit $?"
+  cat "$OUT/read_floor.txt" >>"$SUMMARY"
+fi
+
 # The CPU backend against torch's CPU SDPA on this host's cores, same process.
 if has_stage cpu; then
   PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_CPU_TIMEOUT:-150}" \
@@ -310,7 +321,7 @@ fi
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 keep=(summary.txt bench_table.txt bench_gpu.json bench_decode.json bench_gpu_fwd.json bench_fwd_table.txt
   bench_reference.txt bench_gpu_reference.json bench_variants.txt bench_variants.json decode_table.txt
-  decode_fixed_cost.json)
+  decode_fixed_cost.json read_floor.json)
 # (The archive is written outside $OUT: tar fails on a directory that changes as it reads it.)
 (cd "$OUT" && tar czf /tmp/fa_logs.tar.gz "${keep[@]/#/--exclude=}" . && mv /tmp/fa_logs.tar.gz logs.tar.gz &&
   find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz $(printf ' ! -name %s' "${keep[@]}") -exec rm -rf {} +)
