@@ -4,11 +4,14 @@
 // written per second). This times kernels that do nothing but read one buffer and fold it into a few words, as
 // bench_decode.py times a decode call: a CUDA graph of back-to-back calls, each on its own copy of the buffer (at
 // least 8 copies and 4x the L2 in all, so no call finds its bytes in the L2), a warm-up of 0.2 s of GPU time, then
-// the median of interleaved rounds. The grids cover the decode kernel's shapes: one block per SM as its split grid
-// runs, and 2 or 4 times as many blocks, which the hardware balances between SMs as they finish (where registers
-// allow fewer blocks per SM, they run in waves). Also timed: the same graph
-// with a one-block kernel after each read (a combine's node), and a device-to-device copy of half the bytes (the
-// same DRAM traffic).
+// the median of interleaved rounds. Three kinds of kernel:
+//  * contiguous chunks over 1, 2 or 4 times as many blocks as SMs (more blocks than SMs the hardware balances
+//    between SMs as they finish; where registers allow fewer blocks per SM, they run in waves);
+//  * "head rows": the decode kernel's grid and pattern, a block per (split, kv head) reading its head's 256-byte
+//    rows of K and V with plain loads;
+//  * "ring": the same through the decode kernel's cp.async ring (4 warps of 3 stages of 16 keys), without math.
+// Also timed: some of them with a one-block kernel after each read (a combine's node), and a copy of half the bytes
+// (the same DRAM traffic).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/gpu/read_floor.cu -o read_floor
 //   ./read_floor [--json out.json]
@@ -95,6 +98,63 @@ __global__ void __launch_bounds__(512, 1) read_head_rows(const uint4* __restrict
     sink[(int64_t{head} * gridDim.x + blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32] = folded;
 }
 
+// The decode kernel's ring without its math: each warp streams every (blockDim.x / 32)-th slab of 16 keys of its
+// split through a private ring of kStages stages of 8 KiB (K then V), by cp.async.cg, kStages - 1 slabs in flight
+// while it "computes" a slab, which here is one shared-memory read. Lane (r, c) = (lane / 8, lane % 8) copies chunk
+// c of each 128-byte line of rows r, r + 4, r + 8, r + 12, as the contiguous walk does.
+__device__ void cp_async_16(void* shared, const void* global) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+}
+__device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+constexpr int kSlabKeys = 16, kRowChunks = 16;
+constexpr int kSlabCopies = kSlabKeys * kRowChunks / 32;  // a lane's copies per slab and tensor
+constexpr int kStageVectors = 2 * kSlabKeys * kRowChunks;  // (2, kSlabKeys, kRowChunks) 16-byte vectors
+
+template <int kStages>
+__global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                      int64_t keys, int64_t keys_per_split,
+                                                      uint32_t* __restrict__ sink) {
+  extern __shared__ uint4 ring[];  // (warps, kStages, kStageVectors)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int heads = gridDim.y, head = blockIdx.y;
+  const int64_t begin = blockIdx.x * keys_per_split;
+  const int64_t end = begin + keys_per_split < keys ? begin + keys_per_split : keys;
+  const int slabs = static_cast<int>((end - begin) / kSlabKeys);  // the splits are whole slabs here
+  const int steps = slabs > warp ? (slabs - warp + warps - 1) / warps : 0;
+  uint4* stages = ring + warp * kStages * kStageVectors;
+  auto issue = [&](int step) {
+    const int64_t key0 = begin + (int64_t{step} * warps + warp) * kSlabKeys;
+    uint4* stage = stages + step % kStages * kStageVectors;
+#pragma unroll
+    for (int i = 0; i < kSlabCopies; ++i) {
+      const int row = lane / 8 + 4 * (i / 2), chunk = i % 2 * 8 + lane % 8;
+      const int64_t chunk_index = ((key0 + row) * heads + head) * kRowChunks + chunk;
+      cp_async_16(stage + i * 32 + lane, k + chunk_index);
+      cp_async_16(stage + (kSlabCopies + i) * 32 + lane, v + chunk_index);
+    }
+  };
+  uint32_t folded = 0;
+#pragma unroll 1
+  for (int n = 1 - kStages; n < steps; ++n) {
+    __syncwarp();
+    const int fill = n + kStages - 1;
+    if (fill < steps) issue(fill);
+    cp_async_commit();
+    if (n < 0) continue;
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    folded ^= stages[n % kStages * kStageVectors + lane].x;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) folded ^= __shfl_xor_sync(0xffffffffu, folded, offset);
+  if (lane == 0) sink[(int64_t{head} * gridDim.x + blockIdx.x) * warps + warp] = folded;
+}
+
 // A copy as torch's dst.copy_(src) runs it (cudaMemcpyAsync between buffers on one device is slower on an H100):
 // four 16-byte loads in flight per thread, then their stores.
 __global__ void __launch_bounds__(512) copy_vectors(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -122,7 +182,12 @@ struct Variant {
   int blocks_per_sm;     // read_chunks: gridDim.x = SMs * blocks_per_sm
   bool second_node;      // a one-block kernel after each read
   int head_splits = 0;   // read_head_rows: gridDim = (head_splits, kHeads); 0: read_chunks
+  int ring_stages = 0;   // with head_splits: ring_head_rows with this many stages
 };
+
+size_t ring_bytes(const Variant& variant) {
+  return size_t{16} * kStageVectors * variant.ring_stages * (variant.threads / 32);
+}
 
 constexpr int kHeads = 8;  // kv heads of the decode table's cells
 
@@ -134,7 +199,13 @@ void launch_read(const Variant& variant, int blocks, const uint4* src, int64_t v
     const int64_t per_split = (keys + variant.head_splits - 1) / variant.head_splits;
     const dim3 grid(variant.head_splits, kHeads);
     const uint4* v = src + vectors / 2;
-    if (variant.unroll == 4)
+    if (variant.ring_stages == 3)
+      ring_head_rows<3><<<grid, variant.threads, ring_bytes(variant), stream>>>(src, v, keys, per_split, sink);
+    else if (variant.ring_stages == 4)
+      ring_head_rows<4><<<grid, variant.threads, ring_bytes(variant), stream>>>(src, v, keys, per_split, sink);
+    else if (variant.unroll == 16)
+      read_head_rows<16><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
+    else if (variant.unroll == 4)
       read_head_rows<4><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
     else
       read_head_rows<8><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
@@ -257,12 +328,21 @@ int main(int argc, char** argv) {
                               ", " + std::to_string(splits) + " x 8 blocks",
                           threads, threads == 256 ? 8 : 4, 0, false, splits});
   variants.push_back({"head rows 256t x8, 16 x 8 + 1-block", 256, 8, 0, true, 16});
+  variants.push_back({"head rows 128t x16, 16 x 8 blocks", 128, 16, 0, false, 16});
+  // The decode kernel's ring: 4 warps of 3 stages (64 KiB in flight), then deeper, wider, two blocks per SM.
+  variants.push_back({"ring 4w x3 stages, 16 x 8 blocks", 128, 0, 0, false, 16, 3});
+  variants.push_back({"ring 4w x4 stages, 16 x 8 blocks", 128, 0, 0, false, 16, 4});
+  variants.push_back({"ring 8w x3 stages, 16 x 8 blocks", 256, 0, 0, false, 16, 3});
+  variants.push_back({"ring 4w x3 stages, 32 x 8 blocks", 128, 0, 0, false, 32, 3});
+  variants.push_back({"ring 4w x3, 16 x 8 + 1-block", 128, 0, 0, true, 16, 3});
 
   const Cell cells[] = {{"B=1 4k", int64_t{2} * 4096 * 8 * 128 * 2},
                         {"B=1 32k, B=8 4k", int64_t{2} * 32768 * 8 * 128 * 2},
                         {"B=1 128k, B=8 16k", int64_t{2} * 131072 * 8 * 128 * 2},
                         {"B=8 32k", int64_t{2} * 8 * 32768 * 8 * 128 * 2}};
   const int max_blocks = sms * 4;
+  READ_FLOOR_CHECK(cudaFuncSetAttribute(ring_head_rows<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
+  READ_FLOOR_CHECK(cudaFuncSetAttribute(ring_head_rows<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
   uint32_t* sink;
   READ_FLOOR_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * max_blocks * 16 * 8));
 
