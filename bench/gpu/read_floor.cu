@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "../../src/cuda/sm80/mma.cuh"  // the library's cp.async wrappers, which the decode kernel's copies match
+
 #define READ_FLOOR_CHECK(expr)                                                                       \
   do {                                                                                               \
     const cudaError_t status_ = (expr);                                                              \
@@ -103,16 +105,6 @@ __global__ void __launch_bounds__(512, 1) read_head_rows(const uint4* __restrict
 // split through a private ring of kStages stages of 8 KiB (K then V), by cp.async.cg, kStages - 1 slabs in flight
 // while it "computes" a slab, which here is one shared-memory read. Lane (r, c) = (lane / 8, lane % 8) copies chunk
 // c of each 128-byte line of rows r, r + 4, r + 8, r + 12, as the contiguous walk does.
-__device__ void cp_async_16(void* shared, const void* global) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
-}
-__device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 constexpr int kSlabKeys = 16, kRowChunks = 16;
 constexpr int kSlabCopies = kSlabKeys * kRowChunks / 32;  // a lane's copies per slab and tensor
 constexpr int kStageVectors = 2 * kSlabKeys * kRowChunks;  // (2, kSlabKeys, kRowChunks) 16-byte vectors
@@ -136,8 +128,8 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
     for (int i = 0; i < kSlabCopies; ++i) {
       const int row = lane / 8 + 4 * (i / 2), chunk = i % 2 * 8 + lane % 8;
       const int64_t chunk_index = ((key0 + row) * heads + head) * kRowChunks + chunk;
-      cp_async_16(stage + i * 32 + lane, k + chunk_index);
-      cp_async_16(stage + (kSlabCopies + i) * 32 + lane, v + chunk_index);
+      flashattn::sm80::cp_async_16(stage + i * 32 + lane, k + chunk_index, true);
+      flashattn::sm80::cp_async_16(stage + (kSlabCopies + i) * 32 + lane, v + chunk_index, true);
     }
   };
   uint32_t folded = 0;
@@ -146,9 +138,9 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
     __syncwarp();
     const int fill = n + kStages - 1;
     if (fill < steps) issue(fill);
-    cp_async_commit();
+    flashattn::sm80::cp_async_commit();
     if (n < 0) continue;
-    cp_async_wait<kStages - 1>();
+    flashattn::sm80::cp_async_wait<kStages - 1>();
     __syncwarp();
     folded ^= stages[n % kStages * kStageVectors + lane].x;
   }
