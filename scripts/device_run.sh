@@ -18,6 +18,9 @@
 #                                            "decodecost": a decode call's fixed cost (bench/gpu/decode_fixed_cost.py),
 #                                            "readfloor": what a kernel that only reads reaches per call for the
 #                                              decode cells' byte counts (bench/gpu/read_floor.cu),
+#                                            "timeline": the decode kernels' per-block globaltimer stamps
+#                                              (dev/decode_timeline.py) of each tree in FA_TIMELINE_SRC
+#                                              (dev/decode_diagnostic_trees.py timeline ...), hdim 128 builds,
 #                                            "overhead": host cost of the Python op layer on CUDA,
 #                                            "reference": A/B against FA_REFERENCE_SRC in one process,
 #                                            "variants": builds with FA_VARIANTS' defines, A/B in one process)
@@ -207,11 +210,32 @@ fi
 
 # What a read-only kernel reaches for the decode cells' byte counts, against the same copy (bench/gpu/read_floor.cu).
 if has_stage readfloor; then
-  nvcc -O3 -std=c++17 ${FA_GENCODE:--gencode=arch=compute_90a,code=sm_90a} bench/gpu/read_floor.cu \
+  nvcc -O3 -std=c++17 -I src -I include ${FA_GENCODE:--gencode=arch=compute_90a,code=sm_90a} bench/gpu/read_floor.cu \
     -o /tmp/read_floor >"$OUT/read_floor.txt" 2>&1 &&
-    timeout "${FA_READFLOOR_TIMEOUT:-120}" /tmp/read_floor --json "$OUT/read_floor.json" >>"$OUT/read_floor.txt" 2>&1
+    timeout "${FA_READFLOOR_TIMEOUT:-120}" /tmp/read_floor ${FA_READFLOOR_ARGS:-} --json "$OUT/read_floor.json" >>"$OUT/read_floor.txt" 2>&1
   note "== read floor: exit $?"
   cat "$OUT/read_floor.txt" >>"$SUMMARY"
+fi
+
+# Where a decode call's time goes, block by block: trees with the timeline stamps, built for hdim 128 only.
+if has_stage timeline; then
+  : >"$OUT/timeline.txt"
+  read -r -a timeline_trees <<<"${FA_TIMELINE_SRC:?timeline trees (dev/decode_diagnostic_trees.py)}"
+  for tree in "${timeline_trees[@]}"; do
+    dir=build-timeline-$(basename "$tree")
+    if cmake -S "$tree" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
+         -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="128" \
+         -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/timeline_build.log" 2>&1 &&
+       ninja -C "$dir" -j "$JOBS" flashattn >>"$OUT/timeline_build.log" 2>&1; then
+      PYTHONUNBUFFERED=1 timeout "${FA_TIMELINE_TIMEOUT:-120}" python3 dev/decode_timeline.py \
+        --lib "$dir/libflashattn.so" --label "$(basename "$tree")" --out "$OUT" ${FA_TIMELINE_ARGS:-} \
+        >>"$OUT/timeline.txt" 2>&1
+      note "== timeline $(basename "$tree"): exit $?"
+    else
+      note "== timeline build $dir FAILED"; grep -m10 -A3 error "$OUT/timeline_build.log" >>"$SUMMARY"
+    fi
+  done
+  cat "$OUT/timeline.txt" >>"$SUMMARY"
 fi
 
 # The CPU backend against torch's CPU SDPA on this host's cores, same process.

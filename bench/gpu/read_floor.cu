@@ -11,10 +11,12 @@
 //    rows of K and V with plain loads;
 //  * "ring": the same through the decode kernel's cp.async ring (4 warps of 3 stages of 16 keys), without math.
 // Also timed: some of them with a one-block kernel after each read (a combine's node), and a copy of half the bytes
-// (the same DRAM traffic).
+// (the same DRAM traffic). The default set builds the ring up toward a decode call (the library's combine kernel
+// after it, early launches, the cache length read on the device, Q staged), on constant and on random data;
+// --sweep runs session 33's grids and depths instead.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/gpu/read_floor.cu -o read_floor
-//   ./read_floor [--json out.json]
+//   nvcc -O3 -std=c++17 -I src -I include -gencode=arch=compute_90a,code=sm_90a bench/gpu/read_floor.cu -o read_floor
+//   ./read_floor [--sweep] [--json out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,7 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "../../src/cuda/sm80/mma.cuh"  // the library's cp.async wrappers, which the decode kernel's copies match
+#include "cuda/decode/kvcache_kernel.cuh"  // the combine kernel and the early-launch controls of the decode kernels
+#include "cuda/sm80/mma.cuh"               // the library's cp.async wrappers, which the decode kernel's copies match
 
 #define READ_FLOOR_CHECK(expr)                                                                       \
   do {                                                                                               \
@@ -105,20 +108,38 @@ __global__ void __launch_bounds__(512, 1) read_head_rows(const uint4* __restrict
 // split through a private ring of kStages stages of 8 KiB (K then V), by cp.async.cg, kStages - 1 slabs in flight
 // while it "computes" a slab, which here is one shared-memory read. Lane (r, c) = (lane / 8, lane % 8) copies chunk
 // c of each 128-byte line of rows r, r + 4, r + 8, r + 12, as the contiguous walk does.
+// kEntry adds what the decode kernel does around its ring, one step at a time:
+//   kPlainEntry   the keys and the split come from the arguments;
+//   kEarlyLaunch  launched early (programmatic dependent launch, as every decode kernel): griddepcontrol.wait at
+//                 the entry, and the next grid allowed at turn 0, where the decode kernel allows its combine;
+//   kDecodeEntry  kEarlyLaunch, and the key count read from a cache_seqlens word in global memory after the wait,
+//                 with the split's range derived from it, and the block's 4 query rows (1 KiB) loaded at the entry
+//                 and staged in shared memory at turn 0 behind a block barrier, as the decode kernel stages Q.
+enum RingEntry { kPlainEntry, kEarlyLaunch, kDecodeEntry };
 constexpr int kSlabKeys = 16, kRowChunks = 16;
 constexpr int kSlabCopies = kSlabKeys * kRowChunks / 32;  // a lane's copies per slab and tensor
 constexpr int kStageVectors = 2 * kSlabKeys * kRowChunks;  // (2, kSlabKeys, kRowChunks) 16-byte vectors
 
-template <int kStages>
+template <int kStages, RingEntry kEntry>
 __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ k, const uint4* __restrict__ v,
-                                                      int64_t keys, int64_t keys_per_split,
-                                                      uint32_t* __restrict__ sink) {
-  extern __shared__ uint4 ring[];  // (warps, kStages, kStageVectors)
+                                                      int64_t keys_arg, int64_t keys_per_split_arg,
+                                                      const int32_t* __restrict__ seqlens,
+                                                      const uint4* __restrict__ query, uint32_t* __restrict__ sink) {
+  extern __shared__ uint4 ring[];  // (warps, kStages, kStageVectors), then the staged query rows (64 vectors)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int heads = gridDim.y, head = blockIdx.y;
+  if constexpr (kEntry != kPlainEntry) flashattn::cuda::decode::wait_for_prerequisite_grids();
+  int64_t keys = keys_arg, keys_per_split = keys_per_split_arg;
+  constexpr int kQueryVectors = 4 * kRowChunks;  // 4 query rows of the kv head (H / Hkv = 4)
+  uint4 query_vector = make_uint4(0, 0, 0, 0);
+  if constexpr (kEntry == kDecodeEntry) {
+    keys = __ldg(seqlens);
+    if (threadIdx.x < kQueryVectors) query_vector = __ldg(query + head * kQueryVectors + threadIdx.x);
+    keys_per_split = (keys / kSlabKeys + gridDim.x - 1) / gridDim.x * kSlabKeys;
+  }
   const int64_t begin = blockIdx.x * keys_per_split;
   const int64_t end = begin + keys_per_split < keys ? begin + keys_per_split : keys;
-  const int slabs = static_cast<int>((end - begin) / kSlabKeys);  // the splits are whole slabs here
+  const int slabs = end > begin ? static_cast<int>((end - begin) / kSlabKeys) : 0;  // whole slabs here
   const int steps = slabs > warp ? (slabs - warp + warps - 1) / warps : 0;
   uint4* stages = ring + warp * kStages * kStageVectors;
   auto issue = [&](int step) {
@@ -133,19 +154,36 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
     }
   };
   uint32_t folded = 0;
+  const int turns = kEntry == kPlainEntry ? steps : (steps > 0 ? steps : 1);  // every warp reaches turn 0
 #pragma unroll 1
-  for (int n = 1 - kStages; n < steps; ++n) {
+  for (int n = 1 - kStages; n < turns; ++n) {
     __syncwarp();
     const int fill = n + kStages - 1;
     if (fill < steps) issue(fill);
     flashattn::sm80::cp_async_commit();
     if (n < 0) continue;
+    if (kEntry != kPlainEntry && n == 0) {
+      flashattn::cuda::decode::allow_dependent_grids();
+      if constexpr (kEntry == kDecodeEntry) {
+        uint4* staged = ring + warps * kStages * kStageVectors;
+        if (threadIdx.x < kQueryVectors) staged[threadIdx.x] = query_vector;
+        __syncthreads();
+        folded ^= staged[lane].x;
+      }
+    }
+    if (n >= steps) break;
     flashattn::sm80::cp_async_wait<kStages - 1>();
     __syncwarp();
     folded ^= stages[n % kStages * kStageVectors + lane].x;
   }
   for (int offset = 16; offset > 0; offset /= 2) folded ^= __shfl_xor_sync(0xffffffffu, folded, offset);
   if (lane == 0) sink[(int64_t{head} * gridDim.x + blockIdx.x) * warps + warp] = folded;
+}
+
+__device__ __forceinline__ int64_t clock_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return static_cast<int64_t>(now);
 }
 
 // A copy as torch's dst.copy_(src) runs it (cudaMemcpyAsync between buffers on one device is slower on an H100):
@@ -168,24 +206,123 @@ __global__ void __launch_bounds__(512) copy_vectors(const uint4* __restrict__ sr
 // The node a split-KV call adds after its split kernel: one small block that depends on it.
 __global__ void one_block(uint32_t* sink) { sink[threadIdx.x] += 1; }
 
+// Fills a buffer with pseudo-random words (a hash of the index): the decode table's caches hold randn values, and
+// a constant fill might not cost the DRAM what data does.
+__global__ void fill_random(uint32_t* words, int64_t count, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t x = (static_cast<uint64_t>(i) + seed) * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    words[i] = static_cast<uint32_t>(x ^ (x >> 31));
+  }
+}
+
+// What follows the read in a call: nothing, the one-block node, or the library's own combine kernel merging the
+// splits' partials (B = 1, Hkv = 8, 4 query rows a kv head: 32 blocks), as a split decode call's second node.
+enum class Node { kNone, kOneBlock, kCombine };
+
 struct Variant {
   std::string name;
   int threads;
   int unroll;
   int blocks_per_sm;     // read_chunks: gridDim.x = SMs * blocks_per_sm
-  bool second_node;      // a one-block kernel after each read
+  Node node = Node::kNone;
   int head_splits = 0;   // read_head_rows: gridDim = (head_splits, kHeads); 0: read_chunks
   int ring_stages = 0;   // with head_splits: ring_head_rows with this many stages
+  RingEntry entry = kPlainEntry;
+  bool random_data = false;  // read buffers of random words, else of the constant byte 0x5a
+  bool uncovered = false;    // timed without the spin ahead of the start event (replay_ms)
 };
 
 size_t ring_bytes(const Variant& variant) {
-  return size_t{16} * kStageVectors * variant.ring_stages * (variant.threads / 32);
+  return size_t{16} * kStageVectors * variant.ring_stages * (variant.threads / 32) + 16 * 4 * kRowChunks;
 }
 
 constexpr int kHeads = 8;  // kv heads of the decode table's cells
 
-void launch_read(const Variant& variant, int blocks, const uint4* src, int64_t vectors, uint32_t* sink,
+// The combine's arguments and buffers: partials of up to kMaxSplits splits, filled once with finite values.
+struct CombineNode {
+  flashattn::KvCacheParams params;
+  float* o_partial = nullptr;
+  float* lse_partial = nullptr;
+  static constexpr int kRowsPadded = 16, kDim = 128, kMaxSplits = 64;
+
+  void allocate(cudaStream_t stream) {
+    const int64_t rows = int64_t{kMaxSplits} * kHeads * kRowsPadded;
+    READ_FLOOR_CHECK(cudaMalloc(&o_partial, sizeof(float) * rows * kDim));
+    READ_FLOOR_CHECK(cudaMalloc(&lse_partial, sizeof(float) * rows));
+    fill_random<<<256, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(o_partial), rows * kDim, 7);
+    READ_FLOOR_CHECK(cudaGetLastError());
+    READ_FLOOR_CHECK(cudaMemsetAsync(lse_partial, 0, sizeof(float) * rows, stream));
+    void* out;
+    READ_FLOOR_CHECK(cudaMalloc(&out, 2 * 4 * kHeads * kDim));
+    params.dtype = FA_DTYPE_BF16;
+    params.batch = 1;
+    params.heads = 4 * kHeads;
+    params.heads_kv = kHeads;
+    params.head_dim = params.head_dim_v = kDim;
+    params.seqlen_q = 1;
+    params.o = out;
+    params.o_layout = {4 * kHeads * kDim, 4 * kHeads * kDim, kDim};
+  }
+  void release() {
+    READ_FLOOR_CHECK(cudaFree(o_partial));
+    READ_FLOOR_CHECK(cudaFree(lse_partial));
+    READ_FLOOR_CHECK(cudaFree(params.o));
+  }
+};
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `early` (the launcher of
+// the decode kernels, kvcache_launch.cuh, launches each of them so on sm_90).
+template <typename... Params, typename... Args>
+void launch(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = early ? &attribute : nullptr;
+  config.numAttrs = early ? 1 : 0;
+  READ_FLOOR_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
+template <int kStages>
+void launch_ring(const Variant& variant, const uint4* k, const uint4* v, int64_t keys, int64_t per_split,
+                 const int32_t* seqlens, const uint4* query, uint32_t* sink, cudaStream_t stream) {
+  const dim3 grid(variant.head_splits, kHeads);
+  const bool early = variant.entry != kPlainEntry;
+  const size_t smem = ring_bytes(variant);
+  switch (variant.entry) {
+    case kPlainEntry:
+      launch(early, ring_head_rows<kStages, kPlainEntry>, grid, variant.threads, smem, stream, k, v, keys, per_split,
+             seqlens, query, sink);
+      break;
+    case kEarlyLaunch:
+      launch(early, ring_head_rows<kStages, kEarlyLaunch>, grid, variant.threads, smem, stream, k, v, keys, per_split,
+             seqlens, query, sink);
+      break;
+    case kDecodeEntry:
+      launch(early, ring_head_rows<kStages, kDecodeEntry>, grid, variant.threads, smem, stream, k, v, keys, per_split,
+             seqlens, query, sink);
+      break;
+  }
+}
+
+// Buffers a call may use besides the one it reads.
+struct CallContext {
+  const int32_t* seqlens;  // the cell's key count, as cache_seqlens
+  const uint4* query;
+  uint32_t* sink;
+  CombineNode* combine;
+};
+
+void launch_call(const Variant& variant, int blocks, const uint4* src, int64_t vectors, const CallContext& context,
                  cudaStream_t stream) {
+  uint32_t* sink = context.sink;
   if (variant.head_splits > 0) {
     // The first half of the buffer is K, the second V: (keys, kHeads, 16 chunks) each.
     const int64_t keys = vectors / 2 / (kHeads * 16);
@@ -193,25 +330,33 @@ void launch_read(const Variant& variant, int blocks, const uint4* src, int64_t v
     const dim3 grid(variant.head_splits, kHeads);
     const uint4* v = src + vectors / 2;
     if (variant.ring_stages == 3)
-      ring_head_rows<3><<<grid, variant.threads, ring_bytes(variant), stream>>>(src, v, keys, per_split, sink);
+      launch_ring<3>(variant, src, v, keys, per_split, context.seqlens, context.query, sink, stream);
     else if (variant.ring_stages == 4)
-      ring_head_rows<4><<<grid, variant.threads, ring_bytes(variant), stream>>>(src, v, keys, per_split, sink);
+      launch_ring<4>(variant, src, v, keys, per_split, context.seqlens, context.query, sink, stream);
     else if (variant.unroll == 16)
       read_head_rows<16><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
     else if (variant.unroll == 4)
       read_head_rows<4><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
     else
       read_head_rows<8><<<grid, variant.threads, 0, stream>>>(src, v, keys, per_split, sink);
-    READ_FLOOR_CHECK(cudaGetLastError());
-    return;
-  }
-  const int64_t per_block = (vectors + blocks - 1) / blocks;
-  switch (variant.unroll) {
-    case 4: read_chunks<4><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
-    case 8: read_chunks<8><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
-    default: read_chunks<16><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
+  } else {
+    const int64_t per_block = (vectors + blocks - 1) / blocks;
+    switch (variant.unroll) {
+      case 4: read_chunks<4><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
+      case 8: read_chunks<8><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
+      default: read_chunks<16><<<blocks, variant.threads, 0, stream>>>(src, vectors, per_block, sink); break;
+    }
   }
   READ_FLOOR_CHECK(cudaGetLastError());
+  if (variant.node == Node::kOneBlock) {
+    one_block<<<1, 32, 0, stream>>>(sink);
+    READ_FLOOR_CHECK(cudaGetLastError());
+  } else if (variant.node == Node::kCombine) {
+    const CombineNode& combine = *context.combine;
+    launch(variant.entry != kPlainEntry, flashattn::cuda::decode::combine_kernel<__nv_bfloat16>, dim3(4 * kHeads),
+           dim3(flashattn::cuda::decode::kCombineThreads), 0, stream, combine.params, combine.o_partial,
+           combine.lse_partial, variant.head_splits, CombineNode::kRowsPadded);
+  }
 }
 
 // One graph per variant: one call per buffer copy.
@@ -227,7 +372,19 @@ cudaGraphExec_t capture(cudaStream_t stream, Body body) {
   return exec;
 }
 
-float replay_ms(cudaGraphExec_t exec, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+// Keeps the GPU busy for about `nanoseconds` (bench_decode.py's torch.cuda._sleep ahead of a timed replay).
+__global__ void spin(int64_t nanoseconds) {
+  const int64_t until = clock_ns() + nanoseconds;
+  while (clock_ns() < until) __nanosleep(1000);
+}
+
+// A replay's time, with a spin queued ahead of the start event (cover): the host launches the graph while the GPU
+// spins, so the interval holds the graph's calls and not the host's latency to launch it.
+float replay_ms(cudaGraphExec_t exec, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, bool cover = true) {
+  if (cover) {
+    spin<<<1, 1, 0, stream>>>(100000);
+    READ_FLOOR_CHECK(cudaGetLastError());
+  }
   READ_FLOOR_CHECK(cudaEventRecord(start, stream));
   READ_FLOOR_CHECK(cudaGraphLaunch(exec, stream));
   READ_FLOOR_CHECK(cudaEventRecord(stop, stream));
@@ -240,7 +397,7 @@ float replay_ms(cudaGraphExec_t exec, cudaStream_t stream, cudaEvent_t start, cu
 // Median time of one call of each graph: a warm-up of 0.2 s of GPU time (bench_decode.py's, for the same reason),
 // then rounds that replay every graph once, each round starting at another graph.
 std::vector<double> time_interleaved(const std::vector<cudaGraphExec_t>& graphs, int calls, int rounds,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, const std::vector<bool>& uncovered = {}) {
   cudaEvent_t start, stop;
   READ_FLOOR_CHECK(cudaEventCreate(&start));
   READ_FLOOR_CHECK(cudaEventCreate(&stop));
@@ -251,7 +408,8 @@ std::vector<double> time_interleaved(const std::vector<cudaGraphExec_t>& graphs,
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < count; ++i) {
       const size_t g = (i + round) % count;
-      times[g].push_back(replay_ms(graphs[g], stream, start, stop) * 1e3 / calls);
+      const bool cover = g >= uncovered.size() || !uncovered[g];
+      times[g].push_back(replay_ms(graphs[g], stream, start, stop, cover) * 1e3 / calls);
     }
   READ_FLOOR_CHECK(cudaEventDestroy(start));
   READ_FLOOR_CHECK(cudaEventDestroy(stop));
@@ -264,13 +422,18 @@ std::vector<double> time_interleaved(const std::vector<cudaGraphExec_t>& graphs,
 }
 
 // A device-to-device copy of 4 GiB, the better of cudaMemcpyAsync and copy_vectors: bytes read + written per second
-// (bench_decode.py's copy).
-double copy_bandwidth_gbps(cudaStream_t stream, int sms) {
+// (bench_decode.py's copy), of a source of constant bytes or of random words.
+double copy_bandwidth_gbps(cudaStream_t stream, int sms, bool random_source) {
   const size_t bytes = size_t{4} << 30;
   void *src, *dst;
   READ_FLOOR_CHECK(cudaMalloc(&src, bytes));
   READ_FLOOR_CHECK(cudaMalloc(&dst, bytes));
-  READ_FLOOR_CHECK(cudaMemset(src, 1, bytes));
+  if (random_source) {
+    fill_random<<<sms * 8, 256, 0, stream>>>(static_cast<uint32_t*>(src), bytes / 4, 1);
+    READ_FLOOR_CHECK(cudaGetLastError());
+  } else {
+    READ_FLOOR_CHECK(cudaMemsetAsync(src, 1, bytes, stream));
+  }
   const std::vector<cudaGraphExec_t> graphs = {
       capture(stream, [&] { READ_FLOOR_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); }),
       capture(stream, [&] {
@@ -285,6 +448,50 @@ double copy_bandwidth_gbps(cudaStream_t stream, int sms) {
   return 2.0 * bytes / (std::min(us[0], us[1]) * 1e-6) / 1e9;
 }
 
+// The variants of session 33: contiguous chunks, head rows and the ring over grids and depths (--sweep).
+std::vector<Variant> sweep_variants() {
+  std::vector<Variant> variants;
+  for (int threads : {256, 512})
+    for (int unroll : {4, 8, 16})
+      for (int per_sm : {1, 2, 4})
+        variants.push_back({std::to_string(threads) + "t x" + std::to_string(unroll) + ", " +
+                                std::to_string(per_sm) + " x SMs blocks",
+                            threads, unroll, per_sm});
+  variants.push_back({"512t x8, SMs blocks + 1-block node", 512, 8, 1, Node::kOneBlock});
+  variants.push_back({"256t x8, 4 x SMs + 1-block node", 256, 8, 4, Node::kOneBlock});
+  for (int threads : {256, 512})
+    for (int splits : {16, 33, 66})
+      variants.push_back({"head rows " + std::to_string(threads) + "t x" + std::to_string(threads == 256 ? 8 : 4) +
+                              ", " + std::to_string(splits) + " x 8 blocks",
+                          threads, threads == 256 ? 8 : 4, 0, Node::kNone, splits});
+  variants.push_back({"head rows 256t x8, 16 x 8 + 1-block", 256, 8, 0, Node::kOneBlock, 16});
+  variants.push_back({"head rows 128t x16, 16 x 8 blocks", 128, 16, 0, Node::kNone, 16});
+  variants.push_back({"ring 4w x3 stages, 16 x 8 blocks", 128, 0, 0, Node::kNone, 16, 3});
+  variants.push_back({"ring 4w x4 stages, 16 x 8 blocks", 128, 0, 0, Node::kNone, 16, 4});
+  variants.push_back({"ring 8w x3 stages, 16 x 8 blocks", 256, 0, 0, Node::kNone, 16, 3});
+  variants.push_back({"ring 4w x3 stages, 32 x 8 blocks", 128, 0, 0, Node::kNone, 32, 3});
+  variants.push_back({"ring 4w x3, 16 x 8 + 1-block", 128, 0, 0, Node::kOneBlock, 16, 3});
+  return variants;
+}
+
+// The default set: the decode kernel's ring (4 warps x 3 stages, 16 splits x 8 heads, the grid of B = 1) built up
+// toward a decode call one step at a time, on constant and on random data.
+std::vector<Variant> decode_variants() {
+  std::vector<Variant> variants;
+  for (bool random_data : {false, true}) {
+    const std::string data = random_data ? ", random" : ", constant";
+    variants.push_back({"head rows 512t x4" + data, 512, 4, 0, Node::kNone, 16, 0, kPlainEntry, random_data});
+    variants.push_back({"ring" + data, 128, 0, 0, Node::kNone, 16, 3, kPlainEntry, random_data});
+    variants.push_back({"ring + 1-block" + data, 128, 0, 0, Node::kOneBlock, 16, 3, kPlainEntry, random_data});
+  }
+  variants.push_back({"ring + combine, random", 128, 0, 0, Node::kCombine, 16, 3, kPlainEntry, true});
+  variants.push_back({"ring + combine, early launch, random", 128, 0, 0, Node::kCombine, 16, 3, kEarlyLaunch, true});
+  variants.push_back({"ring + combine, decode entry, random", 128, 0, 0, Node::kCombine, 16, 3, kDecodeEntry, true});
+  variants.push_back({"the same, host's launch latency in", 128, 0, 0, Node::kCombine, 16, 3, kDecodeEntry, true, true});
+  variants.push_back({"512t x4, 2 x SMs blocks, random", 512, 4, 2, Node::kNone, 0, 0, kPlainEntry, true});
+  return variants;
+}
+
 struct Cell {
   const char* name;  // the decode cells with these K/V bytes (Hkv = 8, D = 128, bf16)
   int64_t bytes;
@@ -294,104 +501,118 @@ struct Cell {
 
 int main(int argc, char** argv) {
   const char* json_path = nullptr;
-  for (int i = 1; i < argc; ++i)
+  bool sweep = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (std::string(argv[i]) == "--sweep") sweep = true;
+  }
 
   cudaDeviceProp props;
   READ_FLOOR_CHECK(cudaGetDeviceProperties(&props, 0));
   const int sms = props.multiProcessorCount;
   cudaStream_t stream;
   READ_FLOOR_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_gbps = copy_bandwidth_gbps(stream, sms);
-  std::printf("%s, %d SMs, L2 %d MiB; device-to-device copy of 4 GiB: %.0f GB/s (read + write)\n", props.name, sms,
-              props.l2CacheSize >> 20, copy_gbps);
+  const double copy_gbps = copy_bandwidth_gbps(stream, sms, false);
+  const double random_copy_gbps = copy_bandwidth_gbps(stream, sms, true);
+  std::printf("%s, %d SMs, L2 %d MiB; device-to-device copy of 4 GiB (read + write): %.0f GB/s of constant bytes, "
+              "%.0f GB/s of random words\n",
+              props.name, sms, props.l2CacheSize >> 20, copy_gbps, random_copy_gbps);
 
-  std::vector<Variant> variants;
-  for (int threads : {256, 512})
-    for (int unroll : {4, 8, 16})
-      for (int per_sm : {1, 2, 4})
-        variants.push_back({std::to_string(threads) + "t x" + std::to_string(unroll) + ", " +
-                                std::to_string(per_sm) + " x SMs blocks",
-                            threads, unroll, per_sm, false});
-  variants.push_back({"512t x8, SMs blocks + 1-block node", 512, 8, 1, true});
-  variants.push_back({"256t x8, 4 x SMs + 1-block node", 256, 8, 4, true});
-  for (int threads : {256, 512})
-    for (int splits : {16, 33, 66})
-      variants.push_back({"head rows " + std::to_string(threads) + "t x" + std::to_string(threads == 256 ? 8 : 4) +
-                              ", " + std::to_string(splits) + " x 8 blocks",
-                          threads, threads == 256 ? 8 : 4, 0, false, splits});
-  variants.push_back({"head rows 256t x8, 16 x 8 + 1-block", 256, 8, 0, true, 16});
-  variants.push_back({"head rows 128t x16, 16 x 8 blocks", 128, 16, 0, false, 16});
-  // The decode kernel's ring: 4 warps of 3 stages (64 KiB in flight), then deeper, wider, two blocks per SM.
-  variants.push_back({"ring 4w x3 stages, 16 x 8 blocks", 128, 0, 0, false, 16, 3});
-  variants.push_back({"ring 4w x4 stages, 16 x 8 blocks", 128, 0, 0, false, 16, 4});
-  variants.push_back({"ring 8w x3 stages, 16 x 8 blocks", 256, 0, 0, false, 16, 3});
-  variants.push_back({"ring 4w x3 stages, 32 x 8 blocks", 128, 0, 0, false, 32, 3});
-  variants.push_back({"ring 4w x3, 16 x 8 + 1-block", 128, 0, 0, true, 16, 3});
-
+  const std::vector<Variant> variants = sweep ? sweep_variants() : decode_variants();
   const Cell cells[] = {{"B=1 4k", int64_t{2} * 4096 * 8 * 128 * 2},
                         {"B=1 32k, B=8 4k", int64_t{2} * 32768 * 8 * 128 * 2},
                         {"B=1 128k, B=8 16k", int64_t{2} * 131072 * 8 * 128 * 2},
                         {"B=8 32k", int64_t{2} * 8 * 32768 * 8 * 128 * 2}};
   const int max_blocks = sms * 4;
-  READ_FLOOR_CHECK(cudaFuncSetAttribute(ring_head_rows<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
-  READ_FLOOR_CHECK(cudaFuncSetAttribute(ring_head_rows<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
-  uint32_t* sink;
-  READ_FLOOR_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * max_blocks * 16 * 8));
+  for (auto kernel : {ring_head_rows<3, kPlainEntry>, ring_head_rows<3, kEarlyLaunch>, ring_head_rows<3, kDecodeEntry>,
+                      ring_head_rows<4, kPlainEntry>, ring_head_rows<4, kEarlyLaunch>, ring_head_rows<4, kDecodeEntry>})
+    READ_FLOOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
+  CallContext context{};
+  READ_FLOOR_CHECK(cudaMalloc(&context.sink, sizeof(uint32_t) * max_blocks * 16 * 8));
+  int32_t* seqlens;
+  uint4* query;
+  READ_FLOOR_CHECK(cudaMalloc(&seqlens, sizeof(int32_t)));
+  READ_FLOOR_CHECK(cudaMalloc(&query, 16 * 4 * kHeads * kRowChunks));
+  READ_FLOOR_CHECK(cudaMemset(query, 0x3c, 16 * 4 * kHeads * kRowChunks));
+  CombineNode combine;
+  combine.allocate(stream);
+  context.seqlens = seqlens;
+  context.query = query;
+  context.combine = &combine;
 
   FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
-  if (json) std::fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"copy_GBps\": %.1f, \"cells\": [", props.name, sms,
-                         copy_gbps);
+  if (json) std::fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"copy_GBps\": %.1f, \"random_copy_GBps\": %.1f, "
+                         "\"cells\": [", props.name, sms, copy_gbps, random_copy_gbps);
   for (size_t c = 0; c < sizeof(cells) / sizeof(cells[0]); ++c) {
     const Cell& cell = cells[c];
     const int copies = static_cast<int>(std::max<int64_t>(8, (4 * int64_t{props.l2CacheSize} + cell.bytes - 1) /
                                                                    cell.bytes));
-    std::vector<void*> buffers(copies);
-    for (void*& buffer : buffers) {
-      READ_FLOOR_CHECK(cudaMalloc(&buffer, cell.bytes));
-      READ_FLOOR_CHECK(cudaMemset(buffer, 0x5a, cell.bytes));
-    }
     const int64_t vectors = cell.bytes / 16;
+    const int32_t keys = static_cast<int32_t>(vectors / 2 / (kHeads * kRowChunks));
+    READ_FLOOR_CHECK(cudaMemcpy(seqlens, &keys, sizeof(keys), cudaMemcpyHostToDevice));
+    // buffers[random][copy]
+    std::vector<void*> buffers[2] = {std::vector<void*>(copies), std::vector<void*>(copies)};
+    for (int random = 0; random < 2; ++random)
+      for (int i = 0; i < copies; ++i) {
+        READ_FLOOR_CHECK(cudaMalloc(&buffers[random][i], cell.bytes));
+        if (random) {
+          fill_random<<<sms * 8, 256, 0, stream>>>(static_cast<uint32_t*>(buffers[random][i]), cell.bytes / 4, 100 + i);
+          READ_FLOOR_CHECK(cudaGetLastError());
+        } else {
+          READ_FLOOR_CHECK(cudaMemsetAsync(buffers[random][i], 0x5a, cell.bytes, stream));
+        }
+      }
+    READ_FLOOR_CHECK(cudaStreamSynchronize(stream));
     std::vector<cudaGraphExec_t> graphs;
     for (const Variant& variant : variants)
       graphs.push_back(capture(stream, [&] {
-        for (void* buffer : buffers) {
-          launch_read(variant, sms * variant.blocks_per_sm, static_cast<const uint4*>(buffer), vectors, sink,
+        for (void* buffer : buffers[variant.random_data])
+          launch_call(variant, sms * variant.blocks_per_sm, static_cast<const uint4*>(buffer), vectors, context,
                       stream);
-          if (variant.second_node) one_block<<<1, 32, 0, stream>>>(sink);
-        }
       }));
     // A copy of half the bytes moves as many through the DRAM as a read of all of them.
     std::vector<void*> halves(copies);
     for (void*& half : halves) READ_FLOOR_CHECK(cudaMalloc(&half, cell.bytes / 2));
-    graphs.push_back(capture(stream, [&] {
-      for (int i = 0; i < copies; ++i)
-        copy_vectors<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(buffers[i]), static_cast<uint4*>(halves[i]),
-                                                  cell.bytes / 2 / 16);
-    }));
-    const std::vector<double> us = time_interleaved(graphs, copies, 15, stream);
+    std::vector<std::string> names;
+    std::vector<bool> uncovered;
+    for (const Variant& variant : variants) {
+      names.push_back(variant.name);
+      uncovered.push_back(variant.uncovered);
+    }
+    for (int random = 0; random < 2; ++random) {
+      names.push_back(random ? "copy of half the bytes, random" : "copy of half the bytes, constant");
+      graphs.push_back(capture(stream, [&] {
+        for (int i = 0; i < copies; ++i)
+          copy_vectors<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(buffers[random][i]),
+                                                    static_cast<uint4*>(halves[i]), cell.bytes / 2 / 16);
+      }));
+    }
+    const std::vector<double> us = time_interleaved(graphs, copies, 15, stream, uncovered);
 
-    std::printf("\n%s: %.1f MB a call, %d copies; us a call, %% of copy's bandwidth\n", cell.name, cell.bytes / 1e6,
-                copies);
+    std::printf("\n%s: %.1f MB a call, %d copies; us a call, %% of the copy's bandwidth (constant bytes)\n", cell.name,
+                cell.bytes / 1e6, copies);
     if (json) std::fprintf(json, "%s{\"cells\": \"%s\", \"bytes\": %lld, \"copies\": %d, \"variants\": [",
                            c ? ", " : "", cell.name, static_cast<long long>(cell.bytes), copies);
-    for (size_t v = 0; v <= variants.size(); ++v) {
-      const std::string name = v < variants.size() ? variants[v].name : "copy of half the bytes";
+    for (size_t v = 0; v < names.size(); ++v) {
       const double percent = 100.0 * cell.bytes / (us[v] * 1e-6) / 1e9 / copy_gbps;
-      std::printf("  %-32s %9.2f us  %6.1f %%\n", name.c_str(), us[v], percent);
+      std::printf("  %-40s %9.2f us  %6.1f %%\n", names[v].c_str(), us[v], percent);
       if (json) std::fprintf(json, "%s{\"name\": \"%s\", \"us\": %.3f, \"percent_of_copy\": %.2f}", v ? ", " : "",
-                             name.c_str(), us[v], percent);
+                             names[v].c_str(), us[v], percent);
     }
     if (json) std::fprintf(json, "]}");
     for (cudaGraphExec_t exec : graphs) READ_FLOOR_CHECK(cudaGraphExecDestroy(exec));
-    for (void* buffer : buffers) READ_FLOOR_CHECK(cudaFree(buffer));
+    for (auto& set : buffers)
+      for (void* buffer : set) READ_FLOOR_CHECK(cudaFree(buffer));
     for (void* half : halves) READ_FLOOR_CHECK(cudaFree(half));
   }
   if (json) {
     std::fprintf(json, "]}\n");
     std::fclose(json);
   }
-  READ_FLOOR_CHECK(cudaFree(sink));
+  combine.release();
+  READ_FLOOR_CHECK(cudaFree(seqlens));
+  READ_FLOOR_CHECK(cudaFree(query));
+  READ_FLOOR_CHECK(cudaFree(context.sink));
   READ_FLOOR_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
