@@ -19,6 +19,9 @@ import subprocess
 import tarfile
 
 KERNEL = "src/cuda/decode/split_kv_mma.cuh"
+PARAMS = "src/common/kvcache_params.hpp"
+BACKEND = "src/cuda/decode/backend_kvcache.cpp"
+COMBINE = "src/cuda/decode/kvcache_kernel.cuh"
 
 NO_MATH = ("""    const unsigned char* k_rows = stage_of(stage);
     const unsigned char* v_rows = k_rows + kSlabKeys * kRowBytes;
@@ -48,12 +51,76 @@ NO_Q_STAGING = ("""      stage_query_fragments();
     }""", """      if (keys_end < 0) stage_query_fragments();  // diagnostic: no Q staging
     }""")
 
+# The timeline: globaltimer stamps of thread 0 of every block, of the split kernel (0 entry, 1 past its wait for the
+# previous kernel, 2 its first slab issued, 3 its ring drained, 4 exit; 5 Q staged) and of the combine (0 entry, 1
+# past its wait, 2 exit), into the buffer that fa_debug_set_timeline named when the call was enqueued (null: none).
+# dev/decode_timeline.py reads them. Layout of a call's buffer: split block k at [8 k, 8 k + 8), combine block k at
+# [kTimelineCombine + 4 k, + 4), in uint64.
+TIMELINE_STAMP = """
+// Diagnostic (dev/decode_diagnostic_trees.py, timeline): thread 0's globaltimer at `event` of this block.
+constexpr int kTimelineCombine = 8 * 1024;
+__device__ __forceinline__ void timeline_stamp(const KvCacheParams& p, int base, int slots, int event) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.timeline[base + block * slots + event] = now;
+}
+"""
+TIMELINE = [
+    (PARAMS, "  void* stream = nullptr;   // CUDA\n",
+     "  void* stream = nullptr;   // CUDA\n  unsigned long long* timeline = nullptr;  // diagnostic\n"),
+    (BACKEND, "fa_status fwd_kvcache(const KvCacheParams& p, void* workspace) {\n",
+     "unsigned long long* g_timeline = nullptr;\n"
+     "extern \"C\" __attribute__((visibility(\"default\"))) void fa_debug_set_timeline(void* timeline) {\n"
+     "  g_timeline = static_cast<unsigned long long*>(timeline);\n}\n"
+     "fa_status fwd_kvcache(const KvCacheParams& p_in, void* workspace) {\n"
+     "  KvCacheParams p = p_in;\n  p.timeline = g_timeline;\n"),
+    (COMBINE, "__device__ __forceinline__ void wait_for_prerequisite_grids() {",
+     TIMELINE_STAMP + "__device__ __forceinline__ void wait_for_prerequisite_grids() {"),
+    (COMBINE, """  // Launched early, while the split kernel still runs: the partials, and out, are touched only
+  // after that grid has completed.
+  wait_for_prerequisite_grids();
+""", """  timeline_stamp(p, kTimelineCombine, 4, 0);
+  wait_for_prerequisite_grids();
+  timeline_stamp(p, kTimelineCombine, 4, 1);
+"""),
+    (COMBINE, "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n",
+     "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n"
+     "  timeline_stamp(p, kTimelineCombine, 4, 2);\n"),
+    ("""  wait_for_prerequisite_grids();
+  // The cache length's loads first""", """  timeline_stamp(p, 0, 8, 0);
+  wait_for_prerequisite_grids();
+  timeline_stamp(p, 0, 8, 1);
+  // The cache length's loads first"""),
+    ("""    if (n < 0) continue;
+    if (n == 0) {""", """    if (n == 1 - kStages) timeline_stamp(p, 0, 8, 2);
+    if (n < 0) continue;
+    if (n == 0) {"""),
+    ("""    if (n >= steps) break;
+    cp_async_wait<kStages - 1>();""", """    if (n == 0) timeline_stamp(p, 0, 8, 5);
+    if (n >= steps) break;
+    cp_async_wait<kStages - 1>();"""),
+    ("""  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the merge buffer
+""", """  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the merge buffer
+  timeline_stamp(p, 0, 8, 3);
+"""),
+    ("""                                                            rows_padded);
+}""", """                                                            rows_padded);
+  timeline_stamp(p, 0, 8, 4);
+}"""),
+]
+
 TREES = {
     "ring_only": [NO_MATH],
     "s_only": [SCORES_ONLY],
     "no_pv": [NO_PV],
     "ring_noepi": [NO_MATH, NO_EPILOGUE],
     "ring_bare": [NO_MATH, NO_EPILOGUE, NO_Q_STAGING],
+    "timeline": TIMELINE,
+    "timeline_bare": [NO_MATH, NO_EPILOGUE, NO_Q_STAGING] + TIMELINE,
 }
 
 
@@ -62,15 +129,15 @@ def make_tree(rev, directory, edits):
     os.makedirs(directory, exist_ok=False)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(directory)
-    path = os.path.join(directory, KERNEL)
-    with open(path) as f:
-        source = f.read()
-    for old, new in edits:
+    for edit in edits:
+        file, old, new = edit if len(edit) == 3 else (KERNEL, *edit)
+        path = os.path.join(directory, file)
+        with open(path) as f:
+            source = f.read()
         if source.count(old) != 1:
-            raise SystemExit(f"{directory}: an edit does not match {KERNEL} of {rev} exactly once:\n{old}")
-        source = source.replace(old, new)
-    with open(path, "w") as f:
-        f.write(source)
+            raise SystemExit(f"{directory}: an edit does not match {file} of {rev} exactly once:\n{old}")
+        with open(path, "w") as f:
+            f.write(source.replace(old, new))
 
 
 def main():

@@ -1,0 +1,158 @@
+"""Where a split-KV decode call's time goes, block by block, in a CUDA graph of back-to-back calls.
+
+Runs a build of a `timeline` tree (dev/decode_diagnostic_trees.py: the library with globaltimer stamps of thread 0
+of every block of the split and combine kernels, written to a buffer named per call by fa_debug_set_timeline) on
+the decode table's caches, as bench_decode.py times them (one cache copy per call, 4x the L2 in all, a spin ahead
+of the start event). Every call of the graph gets its own buffer, so the stamps show each call and the gaps
+between calls. Prints, as medians over the calls of the median replay (us):
+  period        one call's wait release to the next one's (the call's time in the graph)
+  to 1st copy   a block's wait release to its first slab's copies issued (the prologue: cache length, Q, ranges)
+  ring          the first block's wait release to the last block's ring drained; "spread": first to last drain
+  epilogue      the last drain to the last exit (merge, partial or output store)
+  to combine    the split kernel's last exit to the combine's first wait release (the grid dependency)
+  combine       the combine's first wait release to its last exit
+  to next       the last exit of the call (combine, or split kernel) to the next call's first wait release
+
+usage: python3 dev/decode_timeline.py --lib build-timeline/libflashattn.so [--cells 1x4096,1x32768] [--out DIR]
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+from bench_decode import HOST_COVER_CYCLES, L2_BYTES, KvCache, warm_up  # noqa: E402
+from fa_ctypes import FlashAttn  # noqa: E402
+
+# The tree's layout of a call's buffer (uint64): split block k's events at [8 k, 8 k + 8), combine block k's at
+# [8192 + 4 k, 8192 + 4 k + 4).
+SPLIT_EVENTS, COMBINE_BASE, COMBINE_EVENTS, MAX_BLOCKS = 8, 8 * 1024, 4, 1024
+CALL_WORDS = COMBINE_BASE + COMBINE_EVENTS * MAX_BLOCKS
+ENTRY, WAITED, FIRST_COPY, DRAINED, EXITED, Q_STAGED = range(6)
+C_ENTRY, C_WAITED, C_EXITED = range(3)
+
+
+def call_events(words):
+    """{name: list of stamps in ns} of one call's buffer (a list of ints), blocks that stamped only."""
+    split = [words[k * SPLIT_EVENTS:(k + 1) * SPLIT_EVENTS] for k in range(MAX_BLOCKS)]
+    split = [block for block in split if block[WAITED] != 0]
+    combine = [words[COMBINE_BASE + k * COMBINE_EVENTS:COMBINE_BASE + (k + 1) * COMBINE_EVENTS]
+               for k in range(MAX_BLOCKS)]
+    combine = [block for block in combine if block[C_WAITED] != 0]
+    exits = [block[EXITED] or block[DRAINED] for block in split]  # a tree without the epilogue stamps no exit
+    return dict(blocks=len(split), combine_blocks=len(combine),
+                waited=[b[WAITED] for b in split], first_copy=[b[FIRST_COPY] - b[WAITED] for b in split],
+                drained=[b[DRAINED] for b in split], exited=exits,
+                combine_waited=[b[C_WAITED] for b in combine], combine_exited=[b[C_EXITED] for b in combine])
+
+
+def summarize(calls):
+    """Medians over the calls (all but the last, which has no next call) of the quantities in the docstring."""
+    rows = []
+    for this, following in zip(calls, calls[1:]):
+        start = min(this["waited"])
+        split_end = max(this["exited"])
+        end = max(this["combine_exited"]) if this["combine_exited"] else split_end
+        row = dict(period=min(following["waited"]) - start,
+                   first_copy=statistics.median(this["first_copy"]), first_copy_max=max(this["first_copy"]),
+                   ring=max(this["drained"]) - start, spread=max(this["drained"]) - min(this["drained"]),
+                   epilogue=split_end - max(this["drained"]), to_next=min(following["waited"]) - end)
+        if this["combine_exited"]:
+            row["to_combine"] = min(this["combine_waited"]) - split_end
+            row["combine"] = end - min(this["combine_waited"])
+        rows.append(row)
+    return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
+
+
+def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15, min_calls=8):
+    kv_bytes = 2 * B * S * Hkv * D * 2
+    copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+    calls = max(copies, min_calls)
+    caches = []
+    for _ in range(copies):
+        caches.append((torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda"),
+                       torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda"),
+                       torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda"),
+                       torch.empty(B, 1, H, D, dtype=torch.bfloat16, device="cuda")))
+    seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    fns = [kv.call(q, k, v, o, seqlens) for q, k, v, o in caches]
+    timeline = torch.zeros(calls, CALL_WORDS, dtype=torch.int64, device="cuda")
+    set_timeline = fa.lib.fa_debug_set_timeline
+    set_timeline.argtypes = [ctypes.c_void_p]
+    set_timeline(timeline[0].data_ptr())
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                set_timeline(timeline[i].data_ptr())  # read when the call is enqueued, so captured per call
+                fns[i % copies]()
+    set_timeline(None)
+    torch.cuda.synchronize()
+    warm_up({"timeline": graph})
+    replays = []
+    for _ in range(rounds):
+        timeline.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(HOST_COVER_CYCLES)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        replays.append((start.elapsed_time(end) * 1e3 / calls, timeline.cpu().tolist()))
+    replays.sort(key=lambda replay: replay[0])
+    us_per_call, words = replays[len(replays) // 2]
+    events = [call_events(call) for call in words]
+    stamps = sorted({t for call in events for t in call["waited"] + call["drained"] + call["exited"]})
+    steps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+    result = dict(batch=B, cache=S, calls=calls, copies=copies, us_per_call_events=us_per_call,
+                  split_blocks=events[0]["blocks"], combine_blocks=events[0]["combine_blocks"],
+                  timer_step_ns=min(steps) if steps else None, **summarize(events))
+    del graph, caches, timeline
+    torch.cuda.empty_cache()
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", required=True, help="libflashattn.so of a timeline tree")
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--cells", default="1x4096,1x32768,8x4096,1x131072")
+    parser.add_argument("--out", default=None, help="directory for timeline_LABEL.json")
+    args = parser.parse_args()
+    fa = FlashAttn(args.lib)
+    kv = KvCache(fa)
+    label = args.label or os.path.basename(os.path.dirname(os.path.abspath(args.lib)))
+    print(f"{label} on {torch.cuda.get_device_name()}: medians over the calls, us "
+          "(period | to 1st copy median/max | ring, spread | epilogue | to combine | combine | to next)")
+    results = []
+    for cell in args.cells.split(","):
+        B, S = (int(x) for x in cell.split("x"))
+        r = timeline_cell(fa, kv, B, S)
+        results.append(r)
+        combine = (f"{r['to_combine']:5.2f} | {r['combine']:5.2f}" if "combine" in r else "  -   |   -  ")
+        print(f"B={B:2d} S={S:6d} ({r['split_blocks']} + {r['combine_blocks']} blocks, {r['calls']} calls, "
+              f"{r['us_per_call_events']:.2f} us a call by events, timer step {r['timer_step_ns']} ns): "
+              f"{r['period']:6.2f} | {r['first_copy']:4.2f}/{r['first_copy_max']:4.2f} | {r['ring']:6.2f}, "
+              f"{r['spread']:5.2f} | {r['epilogue']:4.2f} | {combine} | {r['to_next']:5.2f}", flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"timeline_{label}.json"), "w") as f:
+            json.dump(dict(label=label, gpu=torch.cuda.get_device_name(), cells=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
