@@ -112,8 +112,9 @@ fi
 
 # A/B against another source tree of this library (FA_REFERENCE_SRC, e.g. `git archive` of the
 # previous commit unpacked under build-deps/, which travels by carry): built for sm_90a with
-# classes 64/128/256, then the bench grid (FA_REFERENCE_DTYPES, default bf16; FA_REFERENCE_ARGS, more
-# bench_gpu.py arguments such as "--dims 128") times both builds in the same rounds (bench_gpu.py
+# classes 64/128/256 (FA_REFERENCE_HEADDIMS; "128" where only the decode table times them), then
+# the bench grid (FA_REFERENCE_DTYPES, default bf16; FA_REFERENCE_ARGS, more bench_gpu.py
+# arguments such as "--dims 128") times both builds in the same rounds (bench_gpu.py
 # --reference-lib); FA_REFERENCE_BENCH=0 only builds it. A decode
 # stage in the same call times build-ref's decode too (a build-ref left by an earlier call is not used).
 # FA_REFERENCE_SRC may name more trees, separated by spaces: the second is built in build-ref2 and so
@@ -121,7 +122,7 @@ fi
 DECODE_REFERENCES=()
 build_reference() {  # build_reference SOURCE_TREE BUILD_DIR
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
-    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="64;128;256" \
+    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="${FA_REFERENCE_HEADDIMS:-64;128;256}" \
     -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/reference_build.log" 2>&1 &&
     ninja -C "$2" -j "$JOBS" flashattn >>"$OUT/reference_build.log" 2>&1
 }
