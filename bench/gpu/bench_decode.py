@@ -5,11 +5,12 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
   * ours: fa_fwd_kvcache on the contiguous cache (B, S, Hkv, D) and on a paged cache of page size 16
     (pages in a random order); bandwidth = K/V bytes read per second
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
-Timing: CUDA graphs of several calls (no launch or Python overhead in the numbers), CUDA events, after untimed
-rounds that keep the GPU busy for 0.2 s (warm_up), median of 9 rounds (--rounds) that replay every column's graph
-once, each round starting at the next column (ours, the references, the SDPA backends; the paged caches in rounds
-of their own with ours again, paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the
-graph walks the copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
+Timing: CUDA graphs of at least 8 calls (MIN_CALLS_PER_GRAPH), CUDA events with a GPU spin queued ahead of the
+start event (no launch or Python overhead in the numbers), after untimed rounds that keep the GPU busy for 0.2 s
+(warm_up), median of 9 rounds (--rounds) that replay every column's graph once, each round starting at the next
+column (ours, the references, the SDPA backends; the paged caches in rounds of their own with ours again,
+paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the graph's calls walk the
+copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
 --sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary.
 Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode
 kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again with
@@ -135,9 +136,13 @@ ROUNDS = 9  # --rounds
 WARMUP_SECONDS = 0.2
 # A spin of the GPU queued ahead of each timed replay, some 100 us at 2 GHz: the host queues the start event, the
 # replay and the end event while it spins, so the interval holds the graph's calls and not the host's latency to
-# launch it. (Without it that latency fell inside every interval: graphs of 2 calls, the 134 MB cells, carried half
-# of it per call, ~4 us at B = 1 32k on an H100 against the read floor's graphs of 8; session 34.)
+# launch it. (Without it that latency fell inside every interval, divided by the graph's calls: 0.5 us a call at
+# B = 1 32k, 1.7-6.5 us where a graph held one call, on an H100 in session 34.)
 HOST_COVER_CYCLES = 200_000
+# Calls in a timed graph, the cache copies in turn (at 537 MB and more, one copy read again, which leaves none of
+# it in the L2 for the next call): a graph replay's own start on the GPU is no call's cost. With one call a graph
+# at 537 MB and more, and two at 134 MB, that start fell on each call whole or by half (session 34).
+MIN_CALLS_PER_GRAPH = 8
 
 
 def warm_up(graphs):
@@ -161,7 +166,8 @@ def time_graphs_interleaved(graphs, calls, rounds=None, uncovered=()):
     once: a clock ramp or drift falls on every column alike. (Timing each column in its own block put the first
     one 0.4-0.5 us above the same kernels timed again after the others at B = 1 4k, session 24.) Round r starts
     at column r (mod the count), so no column always runs first or right after another one. Columns named in
-    `uncovered` are timed without the spin ahead of the start event (HOST_COVER_CYCLES)."""
+    `uncovered` are timed without the spin ahead of the start event (HOST_COVER_CYCLES). `calls`: the calls of
+    every graph, or {name: calls}."""
     names = list(graphs)
     times = {name: [] for name in names}
     warm_up(graphs)
@@ -175,7 +181,7 @@ def time_graphs_interleaved(graphs, calls, rounds=None, uncovered=()):
             graphs[name].replay()
             end.record()
             end.synchronize()
-            times[name].append(start.elapsed_time(end) / calls)
+            times[name].append(start.elapsed_time(end) / (calls[name] if isinstance(calls, dict) else calls))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -231,13 +237,15 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     second copy of the keys) in rounds of their own."""
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
-    row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies)
-    caches = []
+    calls = max(copies, MIN_CALLS_PER_GRAPH)
+    row = dict(batch=B, cache=S, kv_bytes=kv_bytes, copies=copies, calls=calls)
+    unique = []
     for _ in range(copies):
         k_cache = torch.randn(B, S, Hkv, D, dtype=dtype, device="cuda")
         v_cache = torch.randn(B, S, Hkv, D, dtype=dtype, device="cuda")
         q = torch.randn(B, 1, H, D, dtype=dtype, device="cuda")
-        caches.append((q, k_cache, v_cache, torch.empty(B, 1, H, D, dtype=dtype, device="cuda")))
+        unique.append((q, k_cache, v_cache, torch.empty(B, 1, H, D, dtype=dtype, device="cuda")))
+    caches = [unique[i % copies] for i in range(calls)]  # a graph's calls, the copies in turn
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     ours = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     q, k_cache, v_cache, out = caches[0]
@@ -251,6 +259,10 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
         graphs["ours_plain"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in caches])
     for label, reference in references:  # other builds of the library on the same caches
         graphs[label] = capture_graph([reference.call(q, k, v, o, seqlens) for q, k, v, o in caches])
+    graph_calls = {name: calls for name in graphs}
+    if copies < calls:  # ours in a graph of one call per copy, as timed until session 34
+        graphs["ours_per_copy"] = capture_graph([kv.call(q, k, v, o, seqlens) for q, k, v, o in unique])
+        graph_calls["ours_per_copy"] = copies
     eager = {}
     if sdpa:
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
@@ -266,7 +278,8 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
             except Exception as error:  # noqa: BLE001 (a backend that refuses the shape is reported, not fatal)
                 row[f"sdpa_{name}_ms"] = None
                 row[f"sdpa_{name}_error"] = str(error).splitlines()[0][:160]
-    for name, ms in time_graphs_interleaved(graphs, len(caches), uncovered=("ours_uncovered",)).items():
+    graph_calls.update({name: calls for name in graphs if name not in graph_calls})  # the SDPA backends
+    for name, ms in time_graphs_interleaved(graphs, graph_calls, uncovered=("ours_uncovered",)).items():
         row[f"{name}_ms"] = ms
     for name, fns in eager.items():
         try:
@@ -279,9 +292,10 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     torch.cuda.empty_cache()
     if paged:
         paged_args = []
-        for q, k, v, o in caches:
+        for q, k, v, o in unique:
             k_pages, v_pages, table = make_paged(k, v, 16)
             paged_args.append((q, k_pages, v_pages, o, table))
+        paged_args = [paged_args[i % copies] for i in range(calls)]
         graphs = {"ours": ours}
         graphs["paged16"] = capture_graph(
             [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
@@ -300,7 +314,7 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
         row["paged16_vs_contig"] = paged_ms["paged16"] / paged_ms["ours"]
         row["paged16_one_per_sm_vs_contig"] = paged_ms["paged16_one_per_sm"] / paged_ms["ours"]
         del graphs, paged_args, k_pages, v_pages
-    del ours, caches
+    del ours, caches, unique
     torch.cuda.empty_cache()
     return row
 
@@ -312,6 +326,7 @@ def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0):
     copies = max(1, math.ceil(4 * L2_BYTES / (2 * k.numel() * 2)))
     ks = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(copies - 1)]
     ks = [(kc, vc, None) for kc, vc in ks] if not page else [make_paged(kc, vc, page) for kc, vc in ks]
+    ks = [ks[i % copies] for i in range(max(copies, MIN_CALLS_PER_GRAPH))]
     q = torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
@@ -410,7 +425,9 @@ def main():
             sd = {n: row.get(f"sdpa_{n}_ms") for n in ("cudnn", "flash", "efficient")}
             print(f"B={B:3d} S={S:6d}: ours {row['ours_ms'] * 1e3:8.1f} us {row['ours_GBps']:6.0f} GB/s "
                   f"({100 * row['ours_vs_copy']:.0f}% of copy; without PDL {row['ours_plain_ms'] * 1e3:.1f} us, "
-                  f"with the host's launch latency {row['ours_uncovered_ms'] * 1e3:.1f} us), "
+                  f"with the host's launch latency {row['ours_uncovered_ms'] * 1e3:.1f} us"
+                  + (f", in graphs of {row['copies']} calls {row['ours_per_copy_ms'] * 1e3:.1f} us"
+                     if "ours_per_copy_ms" in row else "") + "), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
                   f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
