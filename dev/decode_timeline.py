@@ -28,7 +28,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
-from bench_decode import HOST_COVER_CYCLES, L2_BYTES, KvCache, warm_up  # noqa: E402
+from bench_decode import HOST_COVER_CYCLES, L2_BYTES, MIN_CALLS_PER_GRAPH, KvCache, capture_graph, warm_up  # noqa: E402
 from fa_ctypes import FlashAttn  # noqa: E402
 
 # The tree's layout of a call's buffer (uint64): split block k's events at [8 k, 8 k + 8), combine block k's at
@@ -71,10 +71,10 @@ def summarize(calls):
     return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
 
 
-def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15, min_calls=8):
+def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15):
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
-    calls = max(copies, min_calls)
+    calls = max(copies, MIN_CALLS_PER_GRAPH)
     caches = []
     for _ in range(copies):
         caches.append((torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda"),
@@ -86,23 +86,14 @@ def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15, min_calls=8):
     timeline = torch.zeros(calls, CALL_WORDS, dtype=torch.int64, device="cuda")
     set_timeline = fa.lib.fa_debug_set_timeline
     set_timeline.argtypes = [ctypes.c_void_p]
-    set_timeline(timeline[0].data_ptr())
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(calls):
-                set_timeline(timeline[i].data_ptr())  # read when the call is enqueued, so captured per call
-                fns[i % copies]()
+
+    def stamped(i):
+        def call():
+            set_timeline(timeline[i].data_ptr())  # read when the call is enqueued, so captured per call
+            fns[i % copies]()
+        return call
+    graph = capture_graph([stamped(i) for i in range(calls)])
     set_timeline(None)
-    torch.cuda.synchronize()
     warm_up({"timeline": graph})
     replays = []
     for _ in range(rounds):
