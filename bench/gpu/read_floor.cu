@@ -293,23 +293,11 @@ void launch(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t
 template <int kStages>
 void launch_ring(const Variant& variant, const uint4* k, const uint4* v, int64_t keys, int64_t per_split,
                  const int32_t* seqlens, const uint4* query, uint32_t* sink, cudaStream_t stream) {
-  const dim3 grid(variant.head_splits, kHeads);
-  const bool early = variant.entry != kPlainEntry;
-  const size_t smem = ring_bytes(variant);
-  switch (variant.entry) {
-    case kPlainEntry:
-      launch(early, ring_head_rows<kStages, kPlainEntry>, grid, variant.threads, smem, stream, k, v, keys, per_split,
-             seqlens, query, sink);
-      break;
-    case kEarlyLaunch:
-      launch(early, ring_head_rows<kStages, kEarlyLaunch>, grid, variant.threads, smem, stream, k, v, keys, per_split,
-             seqlens, query, sink);
-      break;
-    case kDecodeEntry:
-      launch(early, ring_head_rows<kStages, kDecodeEntry>, grid, variant.threads, smem, stream, k, v, keys, per_split,
-             seqlens, query, sink);
-      break;
-  }
+  const auto kernel = variant.entry == kPlainEntry    ? ring_head_rows<kStages, kPlainEntry>
+                      : variant.entry == kEarlyLaunch ? ring_head_rows<kStages, kEarlyLaunch>
+                                                      : ring_head_rows<kStages, kDecodeEntry>;
+  launch(variant.entry != kPlainEntry, kernel, dim3(variant.head_splits, kHeads), variant.threads,
+         ring_bytes(variant), stream, k, v, keys, per_split, seqlens, query, sink);
 }
 
 // Buffers a call may use besides the one it reads.
