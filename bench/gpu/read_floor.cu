@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
   if (lane == 0) sink[(int64_t{head} * gridDim.x + blockIdx.x) * warps + warp] = folded;
 }
 
+// The GPU's global nanosecond timer (the same on every SM, unlike clock64).
 __device__ __forceinline__ int64_t clock_ns() {
   uint64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
