@@ -1,6 +1,6 @@
 """Source trees of the library whose split-KV decode kernel skips part of its work, for timing only.
 
-Each tree is `git archive REV` with one to three edits in src/cuda/decode/split_kv_mma.cuh. Their outputs are
+Each tree is `git archive REV` with a few edits, most in src/cuda/decode/split_kv_mma.cuh. Their outputs are
 wrong; bench_decode.py times them as reference builds beside ours (device_run.sh: FA_REFERENCE_SRC names the trees,
 FA_REFERENCE_BENCH=0, stages "build reference decode"), which shows what each part of the kernel costs a call
 (dev/kvcache_decode.md, session 33):
@@ -9,6 +9,9 @@ FA_REFERENCE_BENCH=0, stages "build reference decode"), which shows what each pa
   no_pv       compute() returns after the softmax (no rescale, no P V)
   ring_noepi  ring_only, and the block returns after its ring drains (no merge, no partial store)
   ring_bare   ring_noepi without Q's staging
+  timeline    the whole kernel, and globaltimer stamps of every block of the split and combine kernels, per call,
+              into a buffer named by fa_debug_set_timeline (dev/decode_timeline.py reads them; device stage timeline)
+  timeline_bare  ring_bare with the same stamps
 
 usage: python3 dev/decode_diagnostic_trees.py [--rev HEAD] [--out build-deps] [NAME ...]
 """
