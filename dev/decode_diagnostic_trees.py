@@ -1,9 +1,9 @@
 """Source trees of the library whose split-KV decode kernel skips part of its work, for timing only.
 
-Each tree is `git archive REV` with a few edits, most in src/cuda/decode/split_kv_mma.cuh. All but the
-timeline tree's outputs are wrong; bench_decode.py times them as reference builds beside ours (device_run.sh: FA_REFERENCE_SRC names the trees,
-FA_REFERENCE_BENCH=0, stages "build reference decode"), which shows what each part of the kernel costs a call
-(dev/kvcache_decode.md, session 33):
+Each tree is `git archive REV` with a few edits, most in src/cuda/decode/split_kv_mma.cuh. All but the timeline
+tree's outputs are wrong; bench_decode.py times them as reference builds beside ours (device_run.sh:
+FA_REFERENCE_SRC names the trees, FA_REFERENCE_BENCH=0, stages "build reference decode"), which shows what each part
+of the kernel costs a call (dev/kvcache_decode.md, session 33):
   ring_only   compute() returns at its entry: the ring's copies, Q's staging, the merge and the combine, no math
   s_only      compute() returns after Q K^T
   no_pv       compute() returns after the softmax (no rescale, no P V)
