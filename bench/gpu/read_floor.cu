@@ -273,22 +273,11 @@ struct CombineNode {
   }
 };
 
-// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `early` (the launcher of
-// the decode kernels, kvcache_launch.cuh, launches each of them so on sm_90).
+// The library's launch (kvcache_launch.hpp), early or in plain stream order as the variant asks.
 template <typename... Params, typename... Args>
 void launch(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = early ? &attribute : nullptr;
-  config.numAttrs = early ? 1 : 0;
-  READ_FLOOR_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+  READ_FLOOR_CHECK(flashattn::cuda::decode::launch_maybe_early(early, kernel, grid, block, smem, stream, args...));
 }
 
 template <int kStages>

@@ -53,32 +53,16 @@ inline fa_status holds_grid_dependency_wait(const void* kernel, bool* holds) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the
-// kernel's code holds the wait (sm_90+): the blocks may be scheduled while the previous kernel of
-// the stream still runs, and the kernel's wait_for_prerequisite_grids() holds them until that
-// kernel has completed; at B = 1 the launch of each decode kernel is a fixed latency of the call. Only code compiled for a
-// virtual architecture of 9.0 or later holds that wait, so anything else (an sm_80 GPU, or PTX of
-// compute_80 JIT-compiled for a newer one: NVIDIA/cccl#9134) is launched in plain stream order.
-// Stream capture turns the attribute into a programmatic edge of the graph.
+// kernel's code holds the wait (sm_90+; launch_maybe_early): at B = 1 the launch of each decode
+// kernel is a fixed latency of the call. Only code compiled for a virtual architecture of 9.0 or
+// later holds that wait, so anything else (an sm_80 GPU, or PTX of compute_80 JIT-compiled for a
+// newer one: NVIDIA/cccl#9134) is launched in plain stream order.
 template <typename... Params, typename... Args>
 fa_status launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         Args... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  if (early_launch_allowed()) {
-    bool holds_wait = false;
-    FA_TRY(holds_grid_dependency_wait(reinterpret_cast<const void*>(kernel), &holds_wait));
-    if (holds_wait) {
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-    }
-  }
-  FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  bool early = false;
+  if (early_launch_allowed()) FA_TRY(holds_grid_dependency_wait(reinterpret_cast<const void*>(kernel), &early));
+  FA_CUDA_CHECK(launch_maybe_early(early, kernel, grid, block, smem, stream, args...));
   return FA_OK;
 }
 

@@ -18,6 +18,27 @@ namespace flashattn::cuda::decode {
 // The largest Dv of the decode head-dim classes (combine_kernel's shared sums).
 constexpr int kMaxHeadDimV = 256;
 
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `early`:
+// the blocks may be scheduled while the stream's previous kernel still runs, and the kernel's
+// wait_for_prerequisite_grids() holds them until that kernel has completed (launch_kernel,
+// kvcache_launch.cuh, decides when). Stream capture turns the attribute into a programmatic edge
+// of the graph.
+template <typename... Params, typename... Args>
+cudaError_t launch_maybe_early(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = early ? &attribute : nullptr;
+  config.numAttrs = early ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // The split-KV kernels (CMake option FLASHATTN_CUDA_DECODE): tensor cores
 // (split_kv_mma.cuh, head-dim classes up to 128), CUDA cores with a private
 // ring per warp (split_kv_warp.cuh), or block-wide tiles (kvcache_kernel.cuh).
