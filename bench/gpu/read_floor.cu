@@ -28,17 +28,14 @@
 
 #include "cuda/decode/kvcache_kernel.cuh"  // the combine kernel and the early-launch controls of the decode kernels
 #include "cuda/sm80/mma.cuh"               // the library's cp.async wrappers, which the decode kernel's copies match
+#include "read_floor_steal.cuh"             // the ring with dynamic shares, and the ring's slab copies
+#include "read_floor_timing.cuh"            // the copy, the graphs' timing, READ_FLOOR_CHECK
 
-#define READ_FLOOR_CHECK(expr)                                                                       \
-  do {                                                                                               \
-    const cudaError_t status_ = (expr);                                                              \
-    if (status_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 namespace {
+
+using read_floor::capture, read_floor::copy_bandwidth_gbps, read_floor::copy_vectors, read_floor::fill_random,
+    read_floor::time_interleaved;
 
 // Each block reads one contiguous chunk of `vectors_per_block` 16-byte vectors, as a split reads its keys: every
 // thread keeps kUnroll loads (__ldg: the buffer is read-only) in flight, blockDim.x * kUnroll * 16 bytes a block.
@@ -116,9 +113,7 @@ __global__ void __launch_bounds__(512, 1) read_head_rows(const uint4* __restrict
 //                 with the split's range derived from it, and the block's 4 query rows (1 KiB) loaded at the entry
 //                 and staged in shared memory at turn 0 behind a block barrier, as the decode kernel stages Q.
 enum RingEntry { kPlainEntry, kEarlyLaunch, kDecodeEntry };
-constexpr int kSlabKeys = 16, kRowChunks = 16;
-constexpr int kSlabCopies = kSlabKeys * kRowChunks / 32;  // a lane's copies per slab and tensor
-constexpr int kStageVectors = 2 * kSlabKeys * kRowChunks;  // (2, kSlabKeys, kRowChunks) 16-byte vectors
+using read_floor::kRowChunks, read_floor::kSlabKeys, read_floor::kStageVectors;
 
 template <int kStages, RingEntry kEntry>
 __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ k, const uint4* __restrict__ v,
@@ -143,15 +138,8 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
   const int steps = slabs > warp ? (slabs - warp + warps - 1) / warps : 0;
   uint4* stages = ring + warp * kStages * kStageVectors;
   auto issue = [&](int step) {
-    const int64_t key0 = begin + (int64_t{step} * warps + warp) * kSlabKeys;
-    uint4* stage = stages + step % kStages * kStageVectors;
-#pragma unroll
-    for (int i = 0; i < kSlabCopies; ++i) {
-      const int row = lane / 8 + 4 * (i / 2), chunk = i % 2 * 8 + lane % 8;
-      const int64_t chunk_index = ((key0 + row) * heads + head) * kRowChunks + chunk;
-      flashattn::sm80::cp_async_16(stage + i * 32 + lane, k + chunk_index, true);
-      flashattn::sm80::cp_async_16(stage + (kSlabCopies + i) * 32 + lane, v + chunk_index, true);
-    }
+    read_floor::copy_slab(stages + step % kStages * kStageVectors, k, v,
+                          begin + (int64_t{step} * warps + warp) * kSlabKeys, heads, head, lane);
   };
   uint32_t folded = 0;
   const int turns = kEntry == kPlainEntry ? steps : (steps > 0 ? steps : 1);  // every warp reaches turn 0
@@ -180,43 +168,10 @@ __global__ void __launch_bounds__(256) ring_head_rows(const uint4* __restrict__ 
   if (lane == 0) sink[(int64_t{head} * gridDim.x + blockIdx.x) * warps + warp] = folded;
 }
 
-// The GPU's global nanosecond timer (the same on every SM, unlike clock64).
-__device__ __forceinline__ int64_t clock_ns() {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return static_cast<int64_t>(now);
-}
-
-// A copy as torch's dst.copy_(src) runs it (cudaMemcpyAsync between buffers on one device is slower on an H100):
-// four 16-byte loads in flight per thread, then their stores.
-__global__ void __launch_bounds__(512) copy_vectors(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                    int64_t vectors) {
-  constexpr int kUnroll = 4;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < vectors; i += kUnroll * stride) {
-    uint4 loaded[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) loaded[u] = __ldg(src + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = loaded[u];
-  }
-  for (; i < vectors; i += stride) dst[i] = __ldg(src + i);
-}
 
 // The node a split-KV call adds after its split kernel: one small block that depends on it.
 __global__ void one_block(uint32_t* sink) { sink[threadIdx.x] += 1; }
 
-// Fills a buffer with pseudo-random words (a hash of the index): the decode table's caches hold randn values, and
-// a constant fill might not cost the DRAM what data does.
-__global__ void fill_random(uint32_t* words, int64_t count, uint32_t seed) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t x = (static_cast<uint64_t>(i) + seed) * 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    words[i] = static_cast<uint32_t>(x ^ (x >> 31));
-  }
-}
 
 // What follows the read in a call: nothing, the one-block node, or the library's own combine kernel merging the
 // splits' partials (B = 1, Hkv = 8, 4 query rows a kv head: 32 blocks), as a split decode call's second node.
@@ -233,6 +188,8 @@ struct Variant {
   RingEntry entry = kPlainEntry;
   bool random_data = false;  // read buffers of random words, else of the constant byte 0x5a
   bool uncovered = false;    // timed without the spin ahead of the start event (replay_ms)
+  int static_percent = 0;    // > 0: ring_steal_rows, with this share of the keys walked statically
+  int chunk_slabs = 1;       // ring_steal_rows: slabs a pool chunk
 };
 
 size_t ring_bytes(const Variant& variant) {
@@ -296,7 +253,21 @@ struct CallContext {
   const uint4* query;
   uint32_t* sink;
   CombineNode* combine;
+  unsigned long long* steal_counters;  // one a head
 };
+
+// The ring with dynamic shares (read_floor_steal.cuh), each launch with its own tag (a graph's replays reuse theirs).
+void launch_steal(const Variant& variant, const uint4* k, const uint4* v, int64_t keys, const CallContext& context,
+                  cudaStream_t stream) {
+  static uint32_t launches = 0;
+  const int splits = variant.head_splits;
+  const int64_t static_keys = keys * variant.static_percent / 100 / splits / kSlabKeys * kSlabKeys;
+  const int64_t pool_begin = static_keys * splits, chunk_keys = int64_t{variant.chunk_slabs} * kSlabKeys;
+  const auto pool_chunks = static_cast<uint32_t>((keys - pool_begin + chunk_keys - 1) / chunk_keys);
+  const auto kernel = variant.chunk_slabs == 1 ? read_floor::ring_steal_rows<3, 1> : read_floor::ring_steal_rows<3, 2>;
+  kernel<<<dim3(splits, kHeads), variant.threads, ring_bytes(variant), stream>>>(
+      k, v, keys, static_keys, pool_begin, pool_chunks, context.steal_counters, 0x5eed0000u + ++launches, context.sink);
+}
 
 void launch_call(const Variant& variant, int blocks, const uint4* src, int64_t vectors, const CallContext& context,
                  cudaStream_t stream) {
@@ -307,7 +278,9 @@ void launch_call(const Variant& variant, int blocks, const uint4* src, int64_t v
     const int64_t per_split = (keys + variant.head_splits - 1) / variant.head_splits;
     const dim3 grid(variant.head_splits, kHeads);
     const uint4* v = src + vectors / 2;
-    if (variant.ring_stages == 3)
+    if (variant.static_percent > 0)
+      launch_steal(variant, src, v, keys, context, stream);
+    else if (variant.ring_stages == 3)
       launch_ring<3>(variant, src, v, keys, per_split, context.seqlens, context.query, sink, stream);
     else if (variant.ring_stages == 4)
       launch_ring<4>(variant, src, v, keys, per_split, context.seqlens, context.query, sink, stream);
@@ -337,94 +310,6 @@ void launch_call(const Variant& variant, int blocks, const uint4* src, int64_t v
   }
 }
 
-// One graph per variant: one call per buffer copy.
-template <typename Body>
-cudaGraphExec_t capture(cudaStream_t stream, Body body) {
-  cudaGraph_t graph;
-  READ_FLOOR_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  body();
-  READ_FLOOR_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  READ_FLOOR_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  READ_FLOOR_CHECK(cudaGraphDestroy(graph));
-  return exec;
-}
-
-// Keeps the GPU busy for about `nanoseconds` (bench_decode.py's torch.cuda._sleep ahead of a timed replay).
-__global__ void spin(int64_t nanoseconds) {
-  const int64_t until = clock_ns() + nanoseconds;
-  while (clock_ns() < until) __nanosleep(1000);
-}
-
-// A replay's time, with a spin queued ahead of the start event (cover): the host launches the graph while the GPU
-// spins, so the interval holds the graph's calls and not the host's latency to launch it.
-float replay_ms(cudaGraphExec_t exec, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, bool cover = true) {
-  if (cover) {
-    spin<<<1, 1, 0, stream>>>(100000);
-    READ_FLOOR_CHECK(cudaGetLastError());
-  }
-  READ_FLOOR_CHECK(cudaEventRecord(start, stream));
-  READ_FLOOR_CHECK(cudaGraphLaunch(exec, stream));
-  READ_FLOOR_CHECK(cudaEventRecord(stop, stream));
-  READ_FLOOR_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  READ_FLOOR_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  return ms;
-}
-
-// Median time of one call of each graph: a warm-up of 0.2 s of GPU time (bench_decode.py's, for the same reason),
-// then rounds that replay every graph once, each round starting at another graph.
-std::vector<double> time_interleaved(const std::vector<cudaGraphExec_t>& graphs, int calls, int rounds,
-                                     cudaStream_t stream, const std::vector<bool>& uncovered = {}) {
-  cudaEvent_t start, stop;
-  READ_FLOOR_CHECK(cudaEventCreate(&start));
-  READ_FLOOR_CHECK(cudaEventCreate(&stop));
-  for (double busy_ms = 0; busy_ms < 200;)
-    for (cudaGraphExec_t exec : graphs) busy_ms += replay_ms(exec, stream, start, stop);
-  const size_t count = graphs.size();
-  std::vector<std::vector<double>> times(count);
-  for (int round = 0; round < rounds; ++round)
-    for (size_t i = 0; i < count; ++i) {
-      const size_t g = (i + round) % count;
-      const bool cover = g >= uncovered.size() || !uncovered[g];
-      times[g].push_back(replay_ms(graphs[g], stream, start, stop, cover) * 1e3 / calls);
-    }
-  READ_FLOOR_CHECK(cudaEventDestroy(start));
-  READ_FLOOR_CHECK(cudaEventDestroy(stop));
-  std::vector<double> medians;
-  for (auto& values : times) {
-    std::sort(values.begin(), values.end());
-    medians.push_back(values[values.size() / 2]);
-  }
-  return medians;
-}
-
-// A device-to-device copy of 4 GiB, the better of cudaMemcpyAsync and copy_vectors: bytes read + written per second
-// (bench_decode.py's copy), of a source of constant bytes or of random words.
-double copy_bandwidth_gbps(cudaStream_t stream, int sms, bool random_source) {
-  const size_t bytes = size_t{4} << 30;
-  void *src, *dst;
-  READ_FLOOR_CHECK(cudaMalloc(&src, bytes));
-  READ_FLOOR_CHECK(cudaMalloc(&dst, bytes));
-  if (random_source) {
-    fill_random<<<sms * 8, 256, 0, stream>>>(static_cast<uint32_t*>(src), bytes / 4, 1);
-    READ_FLOOR_CHECK(cudaGetLastError());
-  } else {
-    READ_FLOOR_CHECK(cudaMemsetAsync(src, 1, bytes, stream));
-  }
-  const std::vector<cudaGraphExec_t> graphs = {
-      capture(stream, [&] { READ_FLOOR_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); }),
-      capture(stream, [&] {
-        copy_vectors<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst),
-                                                  bytes / 16);
-        READ_FLOOR_CHECK(cudaGetLastError());
-      })};
-  const std::vector<double> us = time_interleaved(graphs, 1, 7, stream);
-  for (cudaGraphExec_t exec : graphs) READ_FLOOR_CHECK(cudaGraphExecDestroy(exec));
-  READ_FLOOR_CHECK(cudaFree(src));
-  READ_FLOOR_CHECK(cudaFree(dst));
-  return 2.0 * bytes / (std::min(us[0], us[1]) * 1e-6) / 1e9;
-}
 
 // The variants of session 33: contiguous chunks, head rows and the ring over grids and depths (--sweep).
 std::vector<Variant> sweep_variants() {
@@ -467,6 +352,10 @@ std::vector<Variant> decode_variants() {
   variants.push_back({"ring + combine, decode entry, random", 128, 0, 0, Node::kCombine, 16, 3, kDecodeEntry, true});
   variants.push_back({"the same, host's launch latency in", 128, 0, 0, Node::kCombine, 16, 3, kDecodeEntry, true, true});
   variants.push_back({"512t x4, 2 x SMs blocks, random", 512, 4, 2, Node::kNone, 0, 0, kPlainEntry, true});
+  for (auto [percent, slabs] : {std::pair{75, 1}, {75, 2}, {50, 1}, {90, 1}})
+    variants.push_back({"ring, " + std::to_string(100 - percent) + " % stolen in " + std::to_string(slabs) +
+                            "-slab chunks, random", 128, 0, 0, Node::kNone, 16, 3, kPlainEntry, true, false, percent,
+                        slabs});
   return variants;
 }
 
@@ -505,6 +394,8 @@ int main(int argc, char** argv) {
   for (auto kernel : {ring_head_rows<3, kPlainEntry>, ring_head_rows<3, kEarlyLaunch>, ring_head_rows<3, kDecodeEntry>,
                       ring_head_rows<4, kPlainEntry>, ring_head_rows<4, kEarlyLaunch>, ring_head_rows<4, kDecodeEntry>})
     READ_FLOOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
+  for (auto kernel : {read_floor::ring_steal_rows<3, 1>, read_floor::ring_steal_rows<3, 2>})
+    READ_FLOOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608));
   CallContext context{};
   READ_FLOOR_CHECK(cudaMalloc(&context.sink, sizeof(uint32_t) * max_blocks * 16 * 8));
   int32_t* seqlens;
@@ -517,6 +408,8 @@ int main(int argc, char** argv) {
   context.seqlens = seqlens;
   context.query = query;
   context.combine = &combine;
+  READ_FLOOR_CHECK(cudaMalloc(&context.steal_counters, sizeof(unsigned long long) * kHeads));
+  READ_FLOOR_CHECK(cudaMemset(context.steal_counters, 0xff, sizeof(unsigned long long) * kHeads));
 
   FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
   if (json) std::fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"copy_GBps\": %.1f, \"random_copy_GBps\": %.1f, "
@@ -541,6 +434,23 @@ int main(int argc, char** argv) {
         }
       }
     READ_FLOOR_CHECK(cudaStreamSynchronize(stream));
+    for (const Variant& variant : variants) {  // the dynamic shares read what the ring reads
+      if (variant.static_percent == 0) continue;
+      Variant ring = variant;
+      ring.static_percent = 0;
+      const auto* buffer = static_cast<const uint4*>(buffers[1][0]);
+      auto folded = [&](const Variant& which) {
+        return read_floor::folded_reads(context.sink, variant.head_splits * kHeads * variant.threads / 32, stream,
+                                        [&] { launch_call(which, 0, buffer, vectors, context, stream); });
+      };
+      const uint32_t expected = folded(ring), got = folded(variant);
+      READ_FLOOR_CHECK(cudaGetLastError());
+      if (got != expected || expected == 0) {
+        std::fprintf(stderr, "%s, %s: folded reads %08x, the ring's %08x\n", cell.name, variant.name.c_str(), got,
+                     expected);
+        return 1;
+      }
+    }
     std::vector<cudaGraphExec_t> graphs;
     for (const Variant& variant : variants)
       graphs.push_back(capture(stream, [&] {
@@ -591,6 +501,7 @@ int main(int argc, char** argv) {
   READ_FLOOR_CHECK(cudaFree(seqlens));
   READ_FLOOR_CHECK(cudaFree(query));
   READ_FLOOR_CHECK(cudaFree(context.sink));
+  READ_FLOOR_CHECK(cudaFree(context.steal_counters));
   READ_FLOOR_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
