@@ -12,6 +12,10 @@ of the kernel costs a call (dev/kvcache_decode.md, session 33):
   timeline    the whole kernel, and globaltimer stamps of every block of the split and combine kernels, per call,
               into a buffer named by fa_debug_set_timeline (dev/decode_timeline.py reads them; device stage timeline)
   timeline_bare  ring_bare with the same stamps
+  late_trigger   the whole kernel, and the combine allows the next grid (griddepcontrol.launch_dependents) once its
+              wait for the split grid returns: the next call's split blocks are scheduled onto SMs the split grid has
+              left while the combine works (v25, session 31, allowed them at the combine's entry, onto busy SMs)
+  timeline_late_trigger  timeline with late_trigger's edit
 
 usage: python3 dev/decode_diagnostic_trees.py [--rev HEAD] [--out build-deps] [NAME ...]
 """
@@ -116,6 +120,15 @@ TIMELINE = [
 }"""),
 ]
 
+LATE_TRIGGER = (COMBINE, """  wait_for_prerequisite_grids();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // 32-bit divisions""", """  wait_for_prerequisite_grids();
+  allow_dependent_grids();  // diagnostic: the next grid's blocks onto the SMs the split grid left
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // 32-bit divisions""")
+TIMELINE_LATE_TRIGGER = (COMBINE, "  timeline_stamp(p, kTimelineCombine, 4, 1);\n",
+                         "  timeline_stamp(p, kTimelineCombine, 4, 1);\n  allow_dependent_grids();  // diagnostic\n")
+
 TREES = {
     "ring_only": [NO_MATH],
     "s_only": [SCORES_ONLY],
@@ -124,6 +137,8 @@ TREES = {
     "ring_bare": [NO_MATH, NO_EPILOGUE, NO_Q_STAGING],
     "timeline": TIMELINE,
     "timeline_bare": [NO_MATH, NO_EPILOGUE, NO_Q_STAGING] + TIMELINE,
+    "late_trigger": [LATE_TRIGGER],
+    "timeline_late_trigger": TIMELINE + [TIMELINE_LATE_TRIGGER],
 }
 
 
