@@ -107,7 +107,8 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   // Every kernel of the call is launched early (launch_kernel), the first one too: its blocks take
   // the SMs the caller's previous kernel leaves as it drains, and wait there for it to complete, so
   // that the launch's latency can overlap that kernel's tail (decode at B = 1 is all fixed latency;
-  // after our own combine, in bench_decode's graphs, it measured no gain: dev/kvcache_decode.md v16).
+  // after our own combine it gains since the combine allows the next grid once the splits are done:
+  // dev/kvcache_decode.md v16 and session 35).
   const bool appended = p.seqlen_new > 0 && p.batch > 0;
   if (appended) {
     const int64_t blocks = p.batch * p.seqlen_new * p.heads_kv;
