@@ -118,6 +118,23 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
+// Asks the L2 for batch row b's entries of the index tensors (thread 0 of the block), ahead of the
+// wait for the previous grid: a prefetch returns nothing to the thread, and a write of the previous
+// grid updates the L2's line, so the load after the wait reads the written value, from the L2
+// instead of the DRAM. The split's first copies wait for the cache length: a DRAM round trip of
+// the call's prologue becomes an L2 one.
+__device__ __forceinline__ void prefetch_row_entries(const KvCacheParams& p, int64_t b) {
+#if defined(__CUDA_ARCH__)
+  if (threadIdx.x != 0) return;
+  auto prefetch = [b](const int32_t* entries) {
+    if (entries != nullptr) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(entries + b));
+  };
+  prefetch(p.cache_seqlens);
+  prefetch(p.cache_leftpad);
+  prefetch(p.cache_batch_idx);
+#endif
+}
+
 // The row of batch row b, bounded on the device: the C API cannot read device
 // index tensors, so a row whose values leave the cache attends to no key.
 __device__ __forceinline__ CacheRow bounded_row(const KvCacheParams& p, int64_t b, const CacheRow::Entries& entries) {

@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const QueryRowWalk<Traits, Element> query_walk(p, b, hkv, r0);
   // Launched early after the stream's previous kernel: the index math above reads only the
   // parameters, and runs while that kernel drains; no global memory is read before this wait.
+  prefetch_row_entries(p, b);
   wait_for_prerequisite_grids();
   // The cache length's loads first (everything below waits for them), then Q's, which nothing uses
   // before turn 0, while the length's are on their way; then the length's first use. Q's not in the
