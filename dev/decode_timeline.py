@@ -12,6 +12,9 @@ between calls. Prints, as medians over the calls of the median replay (us):
   to combine    the split kernel's last exit to the combine's first wait release (the grid dependency)
   combine       the combine's first wait release to its last exit
   to next       the last exit of the call (combine, or split kernel) to the next call's first wait release
+and, on a second line, the combine's blocks: the spread of their wait releases, and each block's own work (its wait
+release to its exit), median and max over the blocks. The JSON keeps the stamps of the median replay's first three
+calls (ns from the first call's first wait release) for a closer look.
 
 usage: python3 dev/decode_timeline.py --lib build-timeline/libflashattn.so [--cells 1x4096,1x32768] [--out DIR]
 """
@@ -67,6 +70,10 @@ def summarize(calls):
         if this["combine_exited"]:
             row["to_combine"] = min(this["combine_waited"]) - split_end
             row["combine"] = end - min(this["combine_waited"])
+            row["combine_release_spread"] = max(this["combine_waited"]) - min(this["combine_waited"])
+            work = [e - w for w, e in zip(this["combine_waited"], this["combine_exited"])]
+            row["combine_block_work"] = statistics.median(work)
+            row["combine_block_work_max"] = max(work)
         rows.append(row)
     return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
 
@@ -110,9 +117,12 @@ def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15):
     events = [call_events(call) for call in words]
     stamps = sorted({t for call in events for t in call["waited"] + call["drained"] + call["exited"]})
     steps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+    origin = min(events[0]["waited"])
+    raw = [{key: [t - origin for t in values] for key, values in call.items() if isinstance(values, list)}
+           for call in events[:3]]
     result = dict(batch=B, cache=S, calls=calls, copies=copies, us_per_call_events=us_per_call,
                   split_blocks=events[0]["blocks"], combine_blocks=events[0]["combine_blocks"],
-                  timer_step_ns=min(steps) if steps else None, **summarize(events))
+                  timer_step_ns=min(steps) if steps else None, **summarize(events), raw_first_calls_ns=raw)
     del graph, caches, timeline
     torch.cuda.empty_cache()
     return result
@@ -140,6 +150,9 @@ def main():
               f"{r['us_per_call_events']:.2f} us a call by events, timer step {r['timer_step_ns']} ns): "
               f"{r['period']:6.2f} | {r['first_copy']:4.2f}/{r['first_copy_max']:4.2f} | {r['ring']:6.2f}, "
               f"{r['spread']:5.2f} | {r['epilogue']:4.2f} | {combine} | {r['to_next']:5.2f}", flush=True)
+        if "combine" in r:
+            print(f"      combine blocks: wait releases spread {r['combine_release_spread']:4.2f}, work a block "
+                  f"{r['combine_block_work']:4.2f} median, {r['combine_block_work_max']:4.2f} max", flush=True)
     if args.out:
         with open(os.path.join(args.out, f"timeline_{label}.json"), "w") as f:
             json.dump(dict(label=label, gpu=torch.cuda.get_device_name(), cells=results), f, indent=1)
