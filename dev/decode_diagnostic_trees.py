@@ -14,7 +14,8 @@ of the kernel costs a call (dev/kvcache_decode.md, session 33):
   timeline_bare  ring_bare with the same stamps
   late_trigger   the whole kernel, and the combine allows the next grid (griddepcontrol.launch_dependents) once its
               wait for the split grid returns: the next call's split blocks are scheduled onto SMs the split grid has
-              left while the combine works (v25, session 31, allowed them at the combine's entry, onto busy SMs)
+              left while the combine works (v25, session 31, allowed them at the combine's entry, onto busy SMs).
+              For revisions before 3e4d2eb, which made it main's (session 35)
   timeline_late_trigger  timeline with late_trigger's edit
 
 usage: python3 dev/decode_diagnostic_trees.py [--rev HEAD] [--out build-deps] [NAME ...]
