@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int nrows = static_cast<int>(min(int64_t(kRows), p.seqlen_q * heads_per_kv - r0));
   const QueryRowWalk<Traits, Element> query_walk(p, b, hkv, r0);
   // Launched early after the stream's previous kernel: the index math above reads only the
-  // parameters, and runs while that kernel drains; no global memory is read before this wait.
+  // parameters, and runs while that kernel drains; no global memory is read before this wait (the
+  // L2 prefetch of the row's entries returns nothing to the thread: prefetch_row_entries).
   prefetch_row_entries(p, b);
   wait_for_prerequisite_grids();
   // The cache length's loads first (everything below waits for them), then Q's, which nothing uses
