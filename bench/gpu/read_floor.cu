@@ -31,7 +31,6 @@
 #include "read_floor_steal.cuh"             // the ring with dynamic shares, and the ring's slab copies
 #include "read_floor_timing.cuh"            // the copy, the graphs' timing, READ_FLOOR_CHECK
 
-
 namespace {
 
 using read_floor::capture, read_floor::copy_bandwidth_gbps, read_floor::copy_vectors, read_floor::fill_random,
@@ -444,7 +443,6 @@ int main(int argc, char** argv) {
                                         [&] { launch_call(which, 0, buffer, vectors, context, stream); });
       };
       const uint32_t expected = folded(ring), got = folded(variant);
-      READ_FLOOR_CHECK(cudaGetLastError());
       if (got != expected || expected == 0) {
         std::fprintf(stderr, "%s, %s: folded reads %08x, the ring's %08x\n", cell.name, variant.name.c_str(), got,
                      expected);

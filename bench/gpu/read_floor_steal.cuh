@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/sm80/mma.cuh"  // cp_async_16 and the commit and wait of cp.async groups
+#include "read_floor_timing.cuh"  // READ_FLOOR_CHECK
 
 namespace read_floor {
 
@@ -115,11 +116,11 @@ __global__ void __launch_bounds__(256) ring_steal_rows(const uint4* __restrict__
 template <typename Launch>
 uint32_t folded_reads(uint32_t* sink, int words, cudaStream_t stream, Launch launch) {
   std::vector<uint32_t> host(words);
-  if (cudaMemsetAsync(sink, 0, sizeof(uint32_t) * words, stream) != cudaSuccess) return 0;
+  READ_FLOOR_CHECK(cudaMemsetAsync(sink, 0, sizeof(uint32_t) * words, stream));
   launch();
-  if (cudaMemcpyAsync(host.data(), sink, sizeof(uint32_t) * words, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess)
-    return 0;
+  READ_FLOOR_CHECK(cudaGetLastError());
+  READ_FLOOR_CHECK(cudaMemcpyAsync(host.data(), sink, sizeof(uint32_t) * words, cudaMemcpyDeviceToHost, stream));
+  READ_FLOOR_CHECK(cudaStreamSynchronize(stream));
   uint32_t folded = 0;
   for (uint32_t word : host) folded ^= word;
   return folded;
