@@ -96,6 +96,8 @@ TIMELINE = [
     (COMBINE, "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n",
      "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n"
      "  timeline_stamp(p, kTimelineCombine, 4, 2);\n"),
+    (COMBINE, "  lse_max = partial_max[0];\n",
+     "  lse_max = partial_max[0];\n  timeline_stamp(p, kTimelineCombine, 4, 3);  // the block's LSEs are in\n"),
     ("""  wait_for_prerequisite_grids();
   // The cache length's loads first""", """  timeline_stamp(p, 0, 8, 0);
   wait_for_prerequisite_grids();

@@ -13,7 +13,8 @@ between calls. Prints, as medians over the calls of the median replay (us):
   combine       the combine's first wait release to its last exit
   to next       the last exit of the call (combine, or split kernel) to the next call's first wait release
 and, on a second line, the combine's blocks: the spread of their wait releases, and each block's own work (its wait
-release to its exit), median and max over the blocks. The JSON keeps the stamps of the median replay's first three
+release to its exit), median and max over the blocks, and of that work the part up to the block's LSEs loaded and
+their max shared (trees that stamp it, from session 36). The JSON keeps the stamps of the median replay's first three
 calls (ns from the first call's first wait release) for a closer look.
 
 usage: python3 dev/decode_timeline.py --lib build-timeline/libflashattn.so [--cells 1x4096,1x32768] [--out DIR]
@@ -39,7 +40,7 @@ from fa_ctypes import FlashAttn  # noqa: E402
 SPLIT_EVENTS, COMBINE_BASE, COMBINE_EVENTS, MAX_BLOCKS = 8, 8 * 1024, 4, 1024
 CALL_WORDS = COMBINE_BASE + COMBINE_EVENTS * MAX_BLOCKS
 ENTRY, WAITED, FIRST_COPY, DRAINED, EXITED, Q_STAGED = range(6)
-C_ENTRY, C_WAITED, C_EXITED = range(3)
+C_ENTRY, C_WAITED, C_EXITED, C_LSE_IN = range(4)  # C_LSE_IN: the block's LSEs loaded and their max shared
 
 
 def call_events(words):
@@ -53,7 +54,8 @@ def call_events(words):
     return dict(blocks=len(split), combine_blocks=len(combine),
                 waited=[b[WAITED] for b in split], first_copy=[b[FIRST_COPY] - b[WAITED] for b in split],
                 drained=[b[DRAINED] for b in split], exited=exits,
-                combine_waited=[b[C_WAITED] for b in combine], combine_exited=[b[C_EXITED] for b in combine])
+                combine_waited=[b[C_WAITED] for b in combine], combine_exited=[b[C_EXITED] for b in combine],
+                combine_lse_in=[b[C_LSE_IN] - b[C_WAITED] for b in combine if b[C_LSE_IN] != 0])
 
 
 def summarize(calls):
@@ -74,6 +76,8 @@ def summarize(calls):
             work = [e - w for w, e in zip(this["combine_waited"], this["combine_exited"])]
             row["combine_block_work"] = statistics.median(work)
             row["combine_block_work_max"] = max(work)
+            if this["combine_lse_in"]:  # trees that stamp it
+                row["combine_lse_in"] = statistics.median(this["combine_lse_in"])
         rows.append(row)
     return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
 
@@ -152,7 +156,9 @@ def main():
               f"{r['spread']:5.2f} | {r['epilogue']:4.2f} | {combine} | {r['to_next']:5.2f}", flush=True)
         if "combine" in r:
             print(f"      combine blocks: wait releases spread {r['combine_release_spread']:4.2f}, work a block "
-                  f"{r['combine_block_work']:4.2f} median, {r['combine_block_work_max']:4.2f} max", flush=True)
+                  f"{r['combine_block_work']:4.2f} median, {r['combine_block_work_max']:4.2f} max"
+                  + (f", of which to the LSEs' max {r['combine_lse_in']:4.2f}" if "combine_lse_in" in r else ""),
+                  flush=True)
     if args.out:
         with open(os.path.join(args.out, f"timeline_{label}.json"), "w") as f:
             json.dump(dict(label=label, gpu=torch.cuda.get_device_name(), cells=results), f, indent=1)
