@@ -27,11 +27,11 @@
 #include <cuda/ptx>
 #include <type_traits>
 
-#include "cuda/launch.hpp"           // kSemaphoresPerQueryTile
-#include "cuda/sm80/bwd_kernel.cuh"  // BwdPass, packed_q_row0, red_add_f32x2, semaphores
+#include "cuda/launch.hpp"              // kSemaphoresPerQueryTile
+#include "cuda/sm80/bwd_kernel.cuh"     // BwdPass, packed_q_row0, red_add_f32x2, semaphores
 #include "cuda/sm90/bwd_items.hpp"
-#include "cuda/sm90/bwd_producer.cuh"  // BwdKernelArgs, BwdTileWork, start_bwd_cta
-#include "cuda/sm90/fwd_kernel.cuh"  // wait_barrier, tma_load, swizzled_offset, named_barrier_sync
+#include "cuda/sm90/bwd_producer.cuh"   // BwdKernelArgs, BwdTileWork, start_bwd_cta
+#include "cuda/sm90/fwd_kernel.cuh"     // wait_barrier, tma_load, swizzled_offset, named_barrier_sync
 
 namespace flashattn::sm90 {
 

@@ -14,6 +14,7 @@
 #include "cuda/sm90/fwd_kernel.cuh"  // wait_barrier, tma_load, named_barrier_sync
 
 namespace flashattn::sm90 {
+
 // Tensor maps first (64-byte aligned): Q and dO with boxes of (64, kBlockM),
 // K and V (64, kBlockN); varlen maps have batch extent 1.
 struct BwdKernelArgs {
