@@ -44,7 +44,8 @@ C_ENTRY, C_WAITED, C_EXITED, C_LSE_IN = range(4)  # C_LSE_IN: the block's LSEs l
 
 
 def call_events(words):
-    """{name: list of stamps in ns} of one call's buffer (a list of ints), blocks that stamped only."""
+    """{name: list of stamps in ns} of one call's buffer (a list of ints), blocks that stamped only. Every list holds
+    globaltimer stamps (summarize takes their differences), so the JSON's raw stamps can all be read alike."""
     split = [words[k * SPLIT_EVENTS:(k + 1) * SPLIT_EVENTS] for k in range(MAX_BLOCKS)]
     split = [block for block in split if block[WAITED] != 0]
     combine = [words[COMBINE_BASE + k * COMBINE_EVENTS:COMBINE_BASE + (k + 1) * COMBINE_EVENTS]
@@ -52,10 +53,11 @@ def call_events(words):
     combine = [block for block in combine if block[C_WAITED] != 0]
     exits = [block[EXITED] or block[DRAINED] for block in split]  # a tree without the epilogue stamps no exit
     return dict(blocks=len(split), combine_blocks=len(combine),
-                waited=[b[WAITED] for b in split], first_copy=[b[FIRST_COPY] - b[WAITED] for b in split],
+                waited=[b[WAITED] for b in split], first_copy=[b[FIRST_COPY] for b in split],
                 drained=[b[DRAINED] for b in split], exited=exits,
                 combine_waited=[b[C_WAITED] for b in combine], combine_exited=[b[C_EXITED] for b in combine],
-                combine_lse_in=[b[C_LSE_IN] - b[C_WAITED] for b in combine if b[C_LSE_IN] != 0])
+                # a tree from before session 36 stamps no C_LSE_IN
+                combine_lse_in=[b[C_LSE_IN] for b in combine] if all(b[C_LSE_IN] for b in combine) else [])
 
 
 def summarize(calls):
@@ -65,8 +67,9 @@ def summarize(calls):
         start = min(this["waited"])
         split_end = max(this["exited"])
         end = max(this["combine_exited"]) if this["combine_exited"] else split_end
+        to_first_copy = [c - w for w, c in zip(this["waited"], this["first_copy"])]
         row = dict(period=min(following["waited"]) - start,
-                   first_copy=statistics.median(this["first_copy"]), first_copy_max=max(this["first_copy"]),
+                   first_copy=statistics.median(to_first_copy), first_copy_max=max(to_first_copy),
                    ring=max(this["drained"]) - start, spread=max(this["drained"]) - min(this["drained"]),
                    epilogue=split_end - max(this["drained"]), to_next=min(following["waited"]) - end)
         if this["combine_exited"]:
@@ -76,8 +79,9 @@ def summarize(calls):
             work = [e - w for w, e in zip(this["combine_waited"], this["combine_exited"])]
             row["combine_block_work"] = statistics.median(work)
             row["combine_block_work_max"] = max(work)
-            if this["combine_lse_in"]:  # trees that stamp it
-                row["combine_lse_in"] = statistics.median(this["combine_lse_in"])
+            if this["combine_lse_in"]:
+                row["combine_lse_in"] = statistics.median(
+                    l - w for w, l in zip(this["combine_waited"], this["combine_lse_in"]))
         rows.append(row)
     return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
 
