@@ -22,8 +22,6 @@
 // dispatcher routes them).
 #pragma once
 
-#include <cuda.h>  // CUtensorMap (types only)
-
 #include <cuda/ptx>
 #include <type_traits>
 
