@@ -438,15 +438,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   __shared__ float weights[kMaxSplits];
   __shared__ float partial_max[kCombineWarps], partial_sum[kCombineWarps];
   __shared__ float4 warp_sums[kCombineWarps][kMaxHeadDimV / 4];
-  // Launched early, while the split kernel still runs: the partials, and out, are touched only
-  // after that grid has completed.
-  wait_for_prerequisite_grids();
-  // The next kernel of the stream (at B = 1 the next call's split kernel) may be scheduled now, onto
-  // the SMs the split grid has left, and wait there while this grid merges: its launch's latency
-  // leaves the call's critical path (H100, session 35: 0.99 -> 0.43 us from this grid's end to the
-  // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
-  // slots beside the split grid's and that call's walk slowed.
-  allow_dependent_grids();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // 32-bit divisions (the packed rows of all (batch row, kv head) pairs number below 2^31, checked
   // by run_kvcache): a 64-bit one is a long dependent chain ahead of the first load.
@@ -457,13 +448,32 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const int64_t bh = blockIdx.x / total_rows, r = blockIdx.x % total_rows;
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
   const int64_t base = bh * rows_padded + r;
-  const float own_lse = tid < splits ? lse_partial[tid * stride + base] : -INFINITY;
+  const float* own_lse_in = lse_partial + tid * stride + base;  // read below when tid < splits
   // The first kEarlySplits partials of this warp's first four dims, loaded with the LSE: they need
   // no weight to be read, and waiting for the LSE's reductions first put a second round trip to L2
   // on the call's critical path (at B = 1 a split count of 16 is 4 per warp: all of them).
   constexpr int kEarlySplits = 8;
   const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
   const float* partial = o_partial + base * dv;
+  // Where warp 0 writes the row of O and its LSE.
+  const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
+  const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
+  Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
+  float* lse_out = p.lse != nullptr ? p.lse + b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head
+                                    : nullptr;
+  // Launched early, while the split kernel still runs: the index math above reads only the
+  // parameters and runs meanwhile (with it after the wait, 190 instructions, two divisions among
+  // them, came between the wait and the first load; 113 now, the predicated addresses of the early
+  // loads, which the compiler keeps below it); the partials, and out, are touched only after that
+  // grid has completed.
+  wait_for_prerequisite_grids();
+  // The next kernel of the stream (at B = 1 the next call's split kernel) may be scheduled now, onto
+  // the SMs the split grid has left, and wait there while this grid merges: its launch's latency
+  // leaves the call's critical path (H100, session 35: 0.99 -> 0.43 us from this grid's end to the
+  // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
+  // slots beside the split grid's and that call's walk slowed.
+  allow_dependent_grids();
+  const float own_lse = tid < splits ? *own_lse_in : -INFINITY;
   float4 early[kEarlySplits];
 #pragma unroll
   for (int k = 0; k < kEarlySplits; ++k) {
@@ -509,9 +519,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   }
   __syncthreads();
   if (warp != 0) return;
-  const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
-  const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
-  Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
   for (int d = 4 * lane; d < dv; d += 128) {
     float4 sum = warp_sums[0][d / 4];
     for (int w = 1; w < kCombineWarps; ++w) {
@@ -526,7 +533,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
     o[d + 2] = from_float<Element>(sum.z);
     o[d + 3] = from_float<Element>(sum.w);
   }
-  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
+  if (lane == 0 && lse_out != nullptr) *lse_out = lse;
 }
 
 }  // namespace flashattn::cuda::decode
