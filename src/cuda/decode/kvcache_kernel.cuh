@@ -429,6 +429,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
 // order (one warp per row, batches of 8 loads over 31 splits, took 10.6 us at B = 1, 4k on the
 // H200: 8 blocks, latency-bound; a loop that chained one load per split had taken 50 us).
 constexpr int kCombineWarps = 4;
+// x, computed where it stands: an empty asm volatile that claims to change it keeps its arithmetic
+// ahead of the next asm volatile (griddepcontrol.wait), where the compiler would otherwise sink it.
+template <typename T>
+__device__ __forceinline__ const T* pinned_before_wait(const T* x) {
+#ifdef __CUDA_ARCH__
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
 constexpr int kCombineThreads = kCombineWarps * 32;
 static_assert(kMaxSplits <= kCombineThreads, "one split per thread for the LSE");
 template <typename Element>
@@ -448,13 +457,25 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const int64_t bh = blockIdx.x / total_rows, r = blockIdx.x % total_rows;
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
   const int64_t base = bh * rows_padded + r;
-  const float* own_lse_in = lse_partial + tid * stride + base;  // read below when tid < splits
+  // Every address below is computed here, ahead of the wait, and hidden from the optimizer
+  // (pinned_before_wait), which would otherwise sink the arithmetic below the wait, onto the chain
+  // from the split grid's end to the first load. A thread past the split count reads split
+  // splits - 1 (always written) and ignores it: the loads need no predicate.
+  const int64_t own_split = min(tid, splits - 1);
+  const float* own_lse_in = pinned_before_wait(lse_partial + own_split * stride + base);
   // The first kEarlySplits partials of this warp's first four dims, loaded with the LSE: they need
   // no weight to be read, and waiting for the LSE's reductions first put a second round trip to L2
   // on the call's critical path (at B = 1 a split count of 16 is 4 per warp: all of them).
   constexpr int kEarlySplits = 8;
   const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
   const float* partial = o_partial + base * dv;
+  const int early_dim = min(4 * lane, dv - 4);  // lanes past dv (hdim 64) read a dim they ignore
+  const float4* early_src[kEarlySplits];
+#pragma unroll
+  for (int k = 0; k < kEarlySplits; ++k) {
+    const int64_t s = min(warp + k * kCombineWarps, splits - 1);
+    early_src[k] = pinned_before_wait(reinterpret_cast<const float4*>(partial + s * stride * dv + early_dim));
+  }
   // Where warp 0 writes the row of O and its LSE.
   const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
   const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
@@ -473,14 +494,13 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
   // slots beside the split grid's and that call's walk slowed.
   allow_dependent_grids();
-  const float own_lse = tid < splits ? *own_lse_in : -INFINITY;
+  // __ldcg: global loads (the pinned pointers' state space is hidden from the compiler, which
+  // would issue generic ones), cached in L2 only, where the split grid left them.
+  const float loaded_lse = __ldcg(own_lse_in);
   float4 early[kEarlySplits];
 #pragma unroll
-  for (int k = 0; k < kEarlySplits; ++k) {
-    const int s = warp + k * kCombineWarps;
-    early[k] = s < splits && 4 * lane < dv ? *reinterpret_cast<const float4*>(partial + s * stride * dv + 4 * lane)
-                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  for (int k = 0; k < kEarlySplits; ++k) early[k] = __ldcg(early_src[k]);
+  const float own_lse = tid < splits ? loaded_lse : -INFINITY;
   float lse_max = warp_max(own_lse);
   if (lane == 0) partial_max[warp] = lse_max;
   __syncthreads();
