@@ -118,6 +118,26 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
+// x, hidden from the optimizer (an empty asm volatile that claims to change it; no instruction).
+// For a value the compiler would otherwise derive again from its source at every use: it did so
+// with split_kv_mma's long-pages row strides (31 more instructions in the slab loop, sm_90a bf16
+// hdim 128), its lane addresses (22) and the block-table row pointer (13; 65 in the short-pages
+// loop), each time 64-bit parameter arithmetic in every step. And for a value that must be ready
+// ahead of the next asm volatile, such as the wait for the prerequisite grids, below which the
+// compiler sinks arithmetic onto the path from the previous grid's end to the first load.
+template <typename T>
+__device__ __forceinline__ T opaque(T x) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit register");
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(x));
+  } else {
+    asm volatile("" : "+r"(x));
+  }
+#endif
+  return x;
+}
+
 // Asks the L2 for batch row b's entries of the index tensors (thread 0 of the block), ahead of the
 // wait for the previous grid: a prefetch returns nothing to the thread, and a write of the previous
 // grid updates the L2's line, so the load after the wait reads the written value, from the L2
@@ -429,15 +449,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
 // order (one warp per row, batches of 8 loads over 31 splits, took 10.6 us at B = 1, 4k on the
 // H200: 8 blocks, latency-bound; a loop that chained one load per split had taken 50 us).
 constexpr int kCombineWarps = 4;
-// x, computed where it stands: an empty asm volatile that claims to change it keeps its arithmetic
-// ahead of the next asm volatile (griddepcontrol.wait), where the compiler would otherwise sink it.
-template <typename T>
-__device__ __forceinline__ const T* pinned_before_wait(const T* x) {
-#ifdef __CUDA_ARCH__
-  asm volatile("" : "+l"(x));
-#endif
-  return x;
-}
 constexpr int kCombineThreads = kCombineWarps * 32;
 static_assert(kMaxSplits <= kCombineThreads, "one split per thread for the LSE");
 template <typename Element>
@@ -457,12 +468,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const int64_t bh = blockIdx.x / total_rows, r = blockIdx.x % total_rows;
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
   const int64_t base = bh * rows_padded + r;
-  // Every address below is computed here, ahead of the wait, and hidden from the optimizer
-  // (pinned_before_wait), which would otherwise sink the arithmetic below the wait, onto the chain
-  // from the split grid's end to the first load. A thread past the split count reads split
-  // splits - 1 (always written) and ignores it: the loads need no predicate.
+  // Every address below is computed here, ahead of the wait, and made opaque: the compiler would
+  // otherwise sink its arithmetic below the wait, onto the chain from the split grid's end to the
+  // first load. A thread past the split count reads split splits - 1 (always written) and ignores
+  // it: the loads need no predicate.
   const int64_t own_split = min(tid, splits - 1);
-  const float* own_lse_in = pinned_before_wait(lse_partial + own_split * stride + base);
+  const float* own_lse_in = opaque(lse_partial + own_split * stride + base);
   // The first kEarlySplits partials of this warp's first four dims, loaded with the LSE: they need
   // no weight to be read, and waiting for the LSE's reductions first put a second round trip to L2
   // on the call's critical path (at B = 1 a split count of 16 is 4 per warp: all of them).
@@ -474,7 +485,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
 #pragma unroll
   for (int k = 0; k < kEarlySplits; ++k) {
     const int64_t s = min(warp + k * kCombineWarps, splits - 1);
-    early_src[k] = pinned_before_wait(reinterpret_cast<const float4*>(partial + s * stride * dv + early_dim));
+    early_src[k] = opaque(reinterpret_cast<const float4*>(partial + s * stride * dv + early_dim));
   }
   // Where warp 0 writes the row of O and its LSE.
   const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
@@ -483,10 +494,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   float* lse_out = p.lse != nullptr ? p.lse + b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head
                                     : nullptr;
   // Launched early, while the split kernel still runs: the index math above reads only the
-  // parameters and runs meanwhile (with it after the wait, 190 instructions, two divisions among
-  // them, came between the wait and the first load; 113 now, the predicated addresses of the early
-  // loads, which the compiler keeps below it); the partials, and out, are touched only after that
-  // grid has completed.
+  // parameters and runs meanwhile (after the wait, 190 instructions, two divisions among them, came
+  // between the wait and the first load; 1 now, sm_90a bf16 hdim 128); the partials, and out, are
+  // touched only after that grid has completed.
   wait_for_prerequisite_grids();
   // The next kernel of the stream (at B = 1 the next call's split kernel) may be scheduled now, onto
   // the SMs the split grid has left, and wait there while this grid merges: its launch's latency
@@ -494,7 +504,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
   // slots beside the split grid's and that call's walk slowed.
   allow_dependent_grids();
-  // __ldcg: global loads (the pinned pointers' state space is hidden from the compiler, which
+  // __ldcg: global loads (the opaque pointers' state space is hidden from the compiler, which
   // would issue generic ones), cached in L2 only, where the split grid left them.
   const float loaded_lse = __ldcg(own_lse_in);
   float4 early[kEarlySplits];
