@@ -86,9 +86,9 @@ TIMELINE = [
      "  KvCacheParams p = p_in;\n  p.timeline = g_timeline;\n"),
     (COMBINE, "__device__ __forceinline__ void wait_for_prerequisite_grids() {",
      TIMELINE_STAMP + "__device__ __forceinline__ void wait_for_prerequisite_grids() {"),
-    (COMBINE, """  // grid has completed.
+    (COMBINE, """  // touched only after that grid has completed.
   wait_for_prerequisite_grids();
-""", """  // grid has completed.
+""", """  // touched only after that grid has completed.
   timeline_stamp(p, kTimelineCombine, 4, 0);
   wait_for_prerequisite_grids();
   timeline_stamp(p, kTimelineCombine, 4, 1);
