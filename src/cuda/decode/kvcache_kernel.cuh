@@ -451,13 +451,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
 constexpr int kCombineWarps = 4;
 constexpr int kCombineThreads = kCombineWarps * 32;
 static_assert(kMaxSplits <= kCombineThreads, "one split per thread for the LSE");
-template <typename Element>
+// kHeadDimClass bounds Dv (the launch's head-dim class): a lane's dims d0 + 4 lane for d0 = 0, 128, ...
+// below it are a loop the compiler unrolls, one step at classes 64 and 128.
+template <typename Element, int kHeadDimClass>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheParams p, const float* o_partial,
                                                                   const float* lse_partial, int splits,
                                                                   int rows_padded) {
   __shared__ float weights[kMaxSplits];
   __shared__ float partial_max[kCombineWarps], partial_sum[kCombineWarps];
-  __shared__ float4 warp_sums[kCombineWarps][kMaxHeadDimV / 4];
+  __shared__ float4 warp_sums[kCombineWarps][kHeadDimClass / 4];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // 32-bit divisions (the packed rows of all (batch row, kv head) pairs number below 2^31, checked
   // by run_kvcache): a 64-bit one is a long dependent chain ahead of the first load.
@@ -525,7 +527,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const float lse = lse_max == -INFINITY ? INFINITY : lse_max + __logf(total);
   if (tid < splits) weights[tid] = lse == INFINITY ? 0.0f : __expf(own_lse - lse);
   __syncthreads();
-  for (int d = 4 * lane; d < dv; d += 128) {
+#pragma unroll
+  for (int d0 = 0; d0 < kHeadDimClass; d0 += 128) {
+    const int d = d0 + 4 * lane;
+    if (d >= dv) break;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // A split that saw no key has weight 0 and a zero partial: no 0 * inf. The splits in the
     // order s = warp, warp + kCombineWarps, ... (the early ones first): the same bits every call.
@@ -540,7 +545,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
     for (int k = 0; k < kEarlySplits; ++k) {
       const int s = warp + k * kCombineWarps;
       if (s >= splits) break;
-      add(s, d < 128 ? early[k] : *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
+      add(s, d0 == 0 ? early[k] : *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
     }
 #pragma unroll 8
     for (int s = warp + kEarlySplits * kCombineWarps; s < splits; s += kCombineWarps)
@@ -549,7 +554,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   }
   __syncthreads();
   if (warp != 0) return;
-  for (int d = 4 * lane; d < dv; d += 128) {
+#pragma unroll
+  for (int d0 = 0; d0 < kHeadDimClass; d0 += 128) {
+    const int d = d0 + 4 * lane;
+    if (d >= dv) break;
     float4 sum = warp_sums[0][d / 4];
     for (int w = 1; w < kCombineWarps; ++w) {
       const float4 more = warp_sums[w][d / 4];
