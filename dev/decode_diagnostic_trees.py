@@ -86,16 +86,15 @@ TIMELINE = [
      "  KvCacheParams p = p_in;\n  p.timeline = g_timeline;\n"),
     (COMBINE, "__device__ __forceinline__ void wait_for_prerequisite_grids() {",
      TIMELINE_STAMP + "__device__ __forceinline__ void wait_for_prerequisite_grids() {"),
-    (COMBINE, """  // Launched early, while the split kernel still runs: the partials, and out, are touched only
-  // after that grid has completed.
+    (COMBINE, """  // touched only after that grid has completed.
   wait_for_prerequisite_grids();
-""", """  timeline_stamp(p, kTimelineCombine, 4, 0);
+""", """  // touched only after that grid has completed.
+  timeline_stamp(p, kTimelineCombine, 4, 0);
   wait_for_prerequisite_grids();
   timeline_stamp(p, kTimelineCombine, 4, 1);
 """),
-    (COMBINE, "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n",
-     "  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;\n"
-     "  timeline_stamp(p, kTimelineCombine, 4, 2);\n"),
+    (COMBINE, "  if (lane == 0 && lse_out != nullptr) *lse_out = lse;\n",
+     "  if (lane == 0 && lse_out != nullptr) *lse_out = lse;\n  timeline_stamp(p, kTimelineCombine, 4, 2);\n"),
     (COMBINE, "  lse_max = partial_max[0];\n",
      "  lse_max = partial_max[0];\n  timeline_stamp(p, kTimelineCombine, 4, 3);  // the block's LSEs are in\n"),
     ("""  wait_for_prerequisite_grids();

@@ -99,7 +99,7 @@ int run(const Case& c) {
       std::barrier<> bar(128); emu::block_barrier = &bar;
       std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
       std::vector<std::thread> threads;
-      for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, x] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, 0}; combine_kernel<E>(p, op, lp, splits, rows_padded); });
+      for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, x] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, 0}; combine_kernel<E, D>(p, op, lp, splits, rows_padded); });
       for (auto& th : threads) th.join();
     }
   }

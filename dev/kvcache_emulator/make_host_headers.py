@@ -42,11 +42,9 @@ def write_host(text, name):
     open(f"{out}/{name}", "w").write(text)
 
 
-# kvcache_kernel.cuh takes its constants from kvcache_launch.hpp, which needs the CUDA runtime; split_plan.hpp
-# (kKeysPerTile, kMaxSplits, and through cache_walk.hpp the Ring enum) is plain C++.
-kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n',
-                '#include "cuda/decode/split_plan.hpp"\n'
-                "namespace flashattn::cuda::decode { constexpr int kMaxHeadDimV = 256; }\n")
+# kvcache_kernel.cuh reaches split_plan.hpp's constants (kKeysPerTile, kMaxSplits, and through cache_walk.hpp the
+# Ring enum) through kvcache_launch.hpp, which needs the CUDA runtime; the host copy includes split_plan.hpp itself.
+kk = kk.replace('#include "cuda/decode/kvcache_launch.hpp"\n', '#include "cuda/decode/split_plan.hpp"\n')
 write_host(kk, "kvcache_kernel_host.hpp")
 for header, name in (("block_merge.cuh", "block_merge_host.hpp"), ("split_kv_warp.cuh", "split_kv_warp_host.hpp"),
                      ("query_staging.cuh", "query_staging_host.hpp"), ("split_kv_mma.cuh", "split_kv_mma_host.hpp")):

@@ -71,4 +71,5 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }
 using std::min; using std::max; using std::abs; using std::fmaxf; using std::fmaf;

@@ -118,6 +118,26 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
+// x, hidden from the optimizer (an empty asm volatile that claims to change it; no instruction).
+// For a value the compiler would otherwise derive again from its source at every use: it did so
+// with split_kv_mma's long-pages row strides (31 more instructions in the slab loop, sm_90a bf16
+// hdim 128), its lane addresses (22) and the block-table row pointer (13; 65 in the short-pages
+// loop), each time 64-bit parameter arithmetic in every step. And for a value that must be ready
+// ahead of the next asm volatile, such as the wait for the prerequisite grids, below which the
+// compiler sinks arithmetic onto the path from the previous grid's end to the first load.
+template <typename T>
+__device__ __forceinline__ T opaque(T x) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit register");
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(x));
+  } else {
+    asm volatile("" : "+r"(x));
+  }
+#endif
+  return x;
+}
+
 // Asks the L2 for batch row b's entries of the index tensors (thread 0 of the block), ahead of the
 // wait for the previous grid: a prefetch returns nothing to the thread, and a write of the previous
 // grid updates the L2's line, so the load after the wait reads the written value, from the L2
@@ -431,22 +451,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
 constexpr int kCombineWarps = 4;
 constexpr int kCombineThreads = kCombineWarps * 32;
 static_assert(kMaxSplits <= kCombineThreads, "one split per thread for the LSE");
-template <typename Element>
+// kHeadDimClass bounds Dv (the launch's head-dim class): a lane's dims d0 + 4 lane for d0 = 0, 128, ...
+// below it are a loop the compiler unrolls, one step at classes 64 and 128.
+template <typename Element, int kHeadDimClass>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheParams p, const float* o_partial,
                                                                   const float* lse_partial, int splits,
                                                                   int rows_padded) {
   __shared__ float weights[kMaxSplits];
   __shared__ float partial_max[kCombineWarps], partial_sum[kCombineWarps];
-  __shared__ float4 warp_sums[kCombineWarps][kMaxHeadDimV / 4];
-  // Launched early, while the split kernel still runs: the partials, and out, are touched only
-  // after that grid has completed.
-  wait_for_prerequisite_grids();
-  // The next kernel of the stream (at B = 1 the next call's split kernel) may be scheduled now, onto
-  // the SMs the split grid has left, and wait there while this grid merges: its launch's latency
-  // leaves the call's critical path (H100, session 35: 0.99 -> 0.43 us from this grid's end to the
-  // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
-  // slots beside the split grid's and that call's walk slowed.
-  allow_dependent_grids();
+  __shared__ float4 warp_sums[kCombineWarps][kHeadDimClass / 4];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // 32-bit divisions (the packed rows of all (batch row, kv head) pairs number below 2^31, checked
   // by run_kvcache): a 64-bit one is a long dependent chain ahead of the first load.
@@ -457,20 +470,49 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const int64_t bh = blockIdx.x / total_rows, r = blockIdx.x % total_rows;
   const int64_t stride = bh_count * rows_padded;  // between splits, in rows
   const int64_t base = bh * rows_padded + r;
-  const float own_lse = tid < splits ? lse_partial[tid * stride + base] : -INFINITY;
+  // Every address below is computed here, ahead of the wait, and made opaque: the compiler would
+  // otherwise sink its arithmetic below the wait, onto the chain from the split grid's end to the
+  // first load. A thread past the split count reads split splits - 1 (always written) and ignores
+  // it: the loads need no predicate.
+  const int64_t own_split = min(tid, splits - 1);
+  const float* own_lse_in = opaque(lse_partial + own_split * stride + base);
   // The first kEarlySplits partials of this warp's first four dims, loaded with the LSE: they need
   // no weight to be read, and waiting for the LSE's reductions first put a second round trip to L2
   // on the call's critical path (at B = 1 a split count of 16 is 4 per warp: all of them).
   constexpr int kEarlySplits = 8;
   const int dv = static_cast<int>(p.head_dim_v);  // a multiple of 8: rows of partials are float4-aligned
   const float* partial = o_partial + base * dv;
-  float4 early[kEarlySplits];
+  const int early_dim = min(4 * lane, dv - 4);  // lanes past dv (hdim 64) read a dim they ignore
+  const float4* early_src[kEarlySplits];
 #pragma unroll
   for (int k = 0; k < kEarlySplits; ++k) {
-    const int s = warp + k * kCombineWarps;
-    early[k] = s < splits && 4 * lane < dv ? *reinterpret_cast<const float4*>(partial + s * stride * dv + 4 * lane)
-                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int64_t s = min(warp + k * kCombineWarps, splits - 1);
+    early_src[k] = opaque(reinterpret_cast<const float4*>(partial + s * stride * dv + early_dim));
   }
+  // Where warp 0 writes the row of O and its LSE.
+  const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
+  const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
+  Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
+  float* lse_out = p.lse != nullptr ? p.lse + b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head
+                                    : nullptr;
+  // Launched early, while the split kernel still runs: the index math above reads only the
+  // parameters and runs meanwhile (after the wait, 190 instructions, two divisions among them, came
+  // between the wait and the first load; 1 now, sm_90a bf16 hdim 128); the partials, and out, are
+  // touched only after that grid has completed.
+  wait_for_prerequisite_grids();
+  // The next kernel of the stream (at B = 1 the next call's split kernel) may be scheduled now, onto
+  // the SMs the split grid has left, and wait there while this grid merges: its launch's latency
+  // leaves the call's critical path (H100, session 35: 0.99 -> 0.43 us from this grid's end to the
+  // next one's wait; B = 1 4k 12.7 -> 12.3 us). Allowed at the entry instead (v25), its blocks took
+  // slots beside the split grid's and that call's walk slowed.
+  allow_dependent_grids();
+  // __ldcg: global loads (the opaque pointers' state space is hidden from the compiler, which
+  // would issue generic ones), cached in L2 only, where the split grid left them.
+  const float loaded_lse = __ldcg(own_lse_in);
+  float4 early[kEarlySplits];
+#pragma unroll
+  for (int k = 0; k < kEarlySplits; ++k) early[k] = __ldcg(early_src[k]);
+  const float own_lse = tid < splits ? loaded_lse : -INFINITY;
   float lse_max = warp_max(own_lse);
   if (lane == 0) partial_max[warp] = lse_max;
   __syncthreads();
@@ -485,7 +527,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   const float lse = lse_max == -INFINITY ? INFINITY : lse_max + __logf(total);
   if (tid < splits) weights[tid] = lse == INFINITY ? 0.0f : __expf(own_lse - lse);
   __syncthreads();
-  for (int d = 4 * lane; d < dv; d += 128) {
+#pragma unroll
+  for (int d0 = 0; d0 < kHeadDimClass; d0 += 128) {
+    const int d = d0 + 4 * lane;
+    if (d >= dv) break;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // A split that saw no key has weight 0 and a zero partial: no 0 * inf. The splits in the
     // order s = warp, warp + kCombineWarps, ... (the early ones first): the same bits every call.
@@ -500,7 +545,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
     for (int k = 0; k < kEarlySplits; ++k) {
       const int s = warp + k * kCombineWarps;
       if (s >= splits) break;
-      add(s, d < 128 ? early[k] : *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
+      add(s, d0 == 0 ? early[k] : *reinterpret_cast<const float4*>(partial + s * stride * dv + d));
     }
 #pragma unroll 8
     for (int s = warp + kEarlySplits * kCombineWarps; s < splits; s += kCombineWarps)
@@ -509,10 +554,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
   }
   __syncthreads();
   if (warp != 0) return;
-  const int64_t b = static_cast<uint32_t>(bh) / heads_kv, hkv = static_cast<uint32_t>(bh) % heads_kv;
-  const int64_t i = static_cast<uint32_t>(r) / group, h = hkv * group + static_cast<uint32_t>(r) % group;
-  Element* o = static_cast<Element*>(p.o) + b * p.o_layout.batch + i * p.o_layout.row + h * p.o_layout.head;
-  for (int d = 4 * lane; d < dv; d += 128) {
+#pragma unroll
+  for (int d0 = 0; d0 < kHeadDimClass; d0 += 128) {
+    const int d = d0 + 4 * lane;
+    if (d >= dv) break;
     float4 sum = warp_sums[0][d / 4];
     for (int w = 1; w < kCombineWarps; ++w) {
       const float4 more = warp_sums[w][d / 4];
@@ -526,7 +571,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const KvCacheP
     o[d + 2] = from_float<Element>(sum.z);
     o[d + 3] = from_float<Element>(sum.w);
   }
-  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_layout.batch + i * p.lse_layout.row + h * p.lse_layout.head] = lse;
+  if (lane == 0 && lse_out != nullptr) *lse_out = lse;
 }
 
 }  // namespace flashattn::cuda::decode

@@ -15,9 +15,6 @@
 
 namespace flashattn::cuda::decode {
 
-// The largest Dv of the decode head-dim classes (combine_kernel's shared sums).
-constexpr int kMaxHeadDimV = 256;
-
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `early`:
 // the blocks may be scheduled while the stream's previous kernel still runs, and the kernel's
 // wait_for_prerequisite_grids() holds them until that kernel has completed (launch_kernel,

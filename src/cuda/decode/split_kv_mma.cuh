@@ -96,24 +96,6 @@ __device__ __forceinline__ int value_chunk_offset(int k, int c) {
   return k * kRowBytes + ((c ^ (k & 7)) << 4);
 }
 
-// x, hidden from the optimizer (an empty asm that claims to change it; no instruction): for a
-// value the compiler would otherwise derive again from its source at every use. It did so with the
-// long-pages walk's row strides (31 more instructions in the slab loop, sm_90a bf16 hdim 128), its
-// lane addresses (22) and the block-table row pointer (13; 65 in the short-pages loop), each time
-// 64-bit parameter arithmetic in every step.
-template <typename T>
-__device__ __forceinline__ T opaque(T x) {
-#ifdef __CUDA_ARCH__
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit register");
-  if constexpr (sizeof(T) == 8) {
-    asm volatile("" : "+l"(x));
-  } else {
-    asm volatile("" : "+r"(x));
-  }
-#endif
-  return x;
-}
-
 // A lane's chunk of one tensor of a paged cache, for the long-pages walk: the address of the chunk
 // in block 0, row 0, and the page and row strides in bytes. The row stride fits 32 bits (cache_walk).
 struct PagedTensor {
