@@ -121,6 +121,11 @@ fi
 # on, and only the decode stage times those (columns ref2_ms, ...).
 DECODE_REFERENCES=()
 build_reference() {  # build_reference SOURCE_TREE BUILD_DIR
+  # A build dir an earlier call of this machine configured from another tree: CMake refuses to reuse it.
+  if [ -f "$2/CMakeCache.txt" ] &&
+    ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$(cd "$1" && pwd)" "$2/CMakeCache.txt"; then
+    rm -rf "$2"
+  fi
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_TESTS=OFF \
     -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_CUDA_HEADDIMS="${FA_REFERENCE_HEADDIMS:-64;128;256}" \
     -DFLASHATTN_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >>"$OUT/reference_build.log" 2>&1 &&
