@@ -7,8 +7,8 @@ Sq = 1, bf16, D = 128, Hkv = 8, H = 32 (GQA 4), batch 1, 8, 64, cache 4k, 32k, 1
   * torch SDPA, backends cuDNN / flash / efficient, on the same cache ((B, Hkv, S, D) views, enable_gqa)
 Timing: CUDA graphs of at least 8 calls (MIN_CALLS_PER_GRAPH), CUDA events with a GPU spin queued ahead of the
 start event (no launch or Python overhead in the numbers), after untimed rounds that keep the GPU busy for 0.2 s
-(warm_up), median of 9 rounds (--rounds) that replay every column's graph once, each round starting at the next
-column (ours, the references, the SDPA backends; the paged caches in rounds of their own with ours again,
+(warm_up), median of 9 rounds (--rounds) that replay every column's graph once, each round in its own random
+order (ours, the references, the SDPA backends; the paged caches in rounds of their own with ours again,
 paged16_vs_contig their ratio). Caches smaller than 4x the L2 are replicated and the graph's calls walk the
 copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's justification;
 --sweep picks its cells, its counts timed in the same interleaved rounds) and a decode step with append + rotary.
@@ -167,10 +167,10 @@ def time_graphs_interleaved(graphs, calls, rounds=None, uncovered=()):
     once: a clock ramp or drift falls on every column alike. (Timing each column in its own block put the first
     one 0.4-0.5 us above the same kernels timed again after the others at B = 1 4k, session 24.) Each round
     replays the columns in a fresh random order (seeded), so no column always runs first or right after the same
-    one: with the order only rotated, ours always ran right after SDPA flash and read 1.7, 2.9 and 60 us slower
-    at B = 8 4k, 32k and 128k than the same build as a reference column (H200, session 37). Columns named in
-    `uncovered` are timed without the spin ahead of the start event (HOST_COVER_CYCLES). `calls`: the calls of
-    every graph, or {name: calls}."""
+    one: with the order only rotated, ours ran right after SDPA flash in every round it did not open and read 1.7,
+    2.9 and 60 us slower at B = 8 4k, 32k and 128k than the same build as a reference column (H200, session 37).
+    Columns named in `uncovered` are timed without the spin ahead of the start event (HOST_COVER_CYCLES). `calls`:
+    the calls of every graph, or {name: calls}."""
     names = list(graphs)
     times = {name: [] for name in names}
     warm_up(graphs)

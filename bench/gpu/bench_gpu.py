@@ -18,6 +18,7 @@ import ctypes
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -54,9 +55,10 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
     run our forward measured up to 13 % faster when timed first in its cell than the same kernel timed
     after torch's (hdim 128, 16k), most likely the GPU clock settling under load. Interleaving gives
     every runner the same mix of states.
-    rotate: round r starts at runner r (mod their count), so that no runner always follows the same one
-    (until session 8 the deterministic fwd+bwd always ran right after the default one; a precaution, its
-    effect not measured apart).
+    rotate: each round takes the runners in a fresh random order (seeded), so that no runner always follows
+    the same one (until session 8 the deterministic fwd+bwd always ran right after the default one). Rotating a
+    fixed order is not enough: each runner keeps its predecessor, and in the decode benchmark ours, always after
+    SDPA flash, read up to 6 % slower than the same build in another column (H200, session 37).
     A runner that raises gets None (a backend that refuses the shape)."""
     alive, times, errors = {}, {name: [] for name in fns}, {}
     for name, fn in fns.items():
@@ -66,10 +68,9 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
             alive[name] = fn
         except Exception as error:
             errors[name] = error
-    order = list(alive.items())
-    for round_index in range(rounds):
-        start = round_index % len(order) if rotate and order else 0
-        for name, fn in order[start:] + order[:start]:
+    order, shuffle = list(alive.items()), random.Random(0)
+    for _ in range(rounds):
+        for name, fn in shuffle.sample(order, len(order)) if rotate else order:
             times[name] += [one_call_ms(fn) for _ in range(reps)]
     return {name: statistics.median(times[name]) if name in alive else None for name in fns}, errors
 

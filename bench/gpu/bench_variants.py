@@ -1,8 +1,8 @@
 """A/B of the deterministic backward across builds of this library, in one process.
 
 Each variant is another build of libflashattn.so (for example the same tree compiled with a
-development switch); every cell times, round-robin in the same rounds, each round starting one runner
-later (bench_gpu.time_interleaved): this build's default fwd+bwd, this build's deterministic fwd+bwd,
+development switch); every cell times, interleaved in the same rounds, each round in its own random order
+(bench_gpu.time_interleaved): this build's default fwd+bwd, this build's deterministic fwd+bwd,
 and each variant's deterministic fwd+bwd. TFLOP/s by flash-attn's convention. Shapes as bench_gpu.py
 (16k tokens, H * D = 2048).
 
@@ -27,7 +27,7 @@ def main():
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    parser.add_argument("--rounds", type=int, default=6, help="round-robin rounds, each starting one runner later")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds, each in its own random order")
     parser.add_argument("--variant-default", action="store_true",
                         help="also time each variant's default (non-deterministic) fwd+bwd: a dev switch that "
                              "perturbs the default kernel's registers shows there")
