@@ -49,16 +49,16 @@ def time_ms(fn, warmup=3, reps=10):
     return statistics.median(one_call_ms(fn) for _ in range(reps))
 
 
-def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
+def time_interleaved(fns, rounds=5, reps=3, warmup=2):
     """Median ms of each callable in `fns` (name -> fn), timed round-robin: every round times each one
     `reps` times in turn. Timed one after another, the runner timed first gained: in session 6's first
     run our forward measured up to 13 % faster when timed first in its cell than the same kernel timed
     after torch's (hdim 128, 16k), most likely the GPU clock settling under load. Interleaving gives
     every runner the same mix of states.
-    rotate: each round takes the runners in a fresh random order (seeded), so that no runner always follows
-    the same one (until session 8 the deterministic fwd+bwd always ran right after the default one). Rotating a
-    fixed order is not enough: each runner keeps its predecessor, and in the decode benchmark ours, always after
-    SDPA flash, read up to 6 % slower than the same build in another column (H200, session 37).
+    Each round takes the runners in a fresh random order (seeded), so that no runner always follows the same
+    one (until session 8 the deterministic fwd+bwd always ran right after the default one). Rotating a fixed
+    order is not enough: each runner keeps its predecessor, and in the decode benchmark ours, after SDPA flash in
+    most rounds, read up to 6 % slower than the same build in another column (H200, session 37).
     A runner that raises gets None (a backend that refuses the shape)."""
     alive, times, errors = {}, {name: [] for name in fns}, {}
     for name, fn in fns.items():
@@ -70,7 +70,7 @@ def time_interleaved(fns, rounds=5, reps=3, warmup=2, rotate=True):
             errors[name] = error
     order, shuffle = list(alive.items()), random.Random(0)
     for _ in range(rounds):
-        for name, fn in shuffle.sample(order, len(order)) if rotate else order:
+        for name, fn in shuffle.sample(order, len(order)):
             times[name] += [one_call_ms(fn) for _ in range(reps)]
     return {name: statistics.median(times[name]) if name in alive else None for name in fns}, errors
 

@@ -303,10 +303,9 @@ void launch_call(const Variant& variant, int blocks, const uint4* src, int64_t v
     READ_FLOOR_CHECK(cudaGetLastError());
   } else if (variant.node == Node::kCombine) {
     const CombineNode& combine = *context.combine;
-    launch(variant.entry != kPlainEntry, flashattn::cuda::decode::combine_kernel<__nv_bfloat16, 128>,
-           dim3(4 * kHeads),
-           dim3(flashattn::cuda::decode::kCombineThreads), 0, stream, combine.params, combine.o_partial,
-           combine.lse_partial, variant.head_splits, CombineNode::kRowsPadded);
+    launch(variant.entry != kPlainEntry, flashattn::cuda::decode::combine_kernel<__nv_bfloat16, CombineNode::kDim>,
+           dim3(4 * kHeads), dim3(flashattn::cuda::decode::kCombineThreads), 0, stream, combine.params,
+           combine.o_partial, combine.lse_partial, variant.head_splits, CombineNode::kRowsPadded);
   }
 }
 
