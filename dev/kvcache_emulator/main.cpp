@@ -4,7 +4,8 @@
 // against an fp64 reference.
 // usage: emu S [page_size (0 = contiguous)] [splits] [kernel: 0 warp, 1 tiles, 2 mma] [head dim: 128, 64]
 //            [block table: 0 identity, 1 reversed] [strides: 0 dense, 1 padded] [left pad]
-//            [ring of the mma kernel: 0 standard, 2 compact (1 was the deep ring, removed in session 22)]
+//            [ring of the mma kernel: 0 standard, 2 compact (1 was the deep ring, removed in session 22), 3 standard
+//             with the contiguous walk of the L2's 256-byte fetch (CacheWalk::kContiguousWide)]
 // A reversed table stores logical page i in cache block blocks - 1 - i, so a walk that took a page
 // index for its block reads the wrong keys. Padded strides give K rows and V pages a gap, so a walk
 // that mixed up the row, page or tensor strides reads the gap, which holds NaN (as do the unused rows
@@ -78,6 +79,7 @@ int run(const Case& c) {
   using MmaTraits = SplitKvMmaTraits<E, D>;
   using CompactTraits = SplitKvMmaTraits<E, D, Ring::kCompact>;
   const bool compact = mma && c.ring == 2;
+  const bool wide = mma && c.ring == 3 && !paged;  // 3: the contiguous walk with the L2's 256-byte fetch
   const int rows_padded = tiles || mma ? 16 : 4;
   const int splits = c.splits;
   std::vector<float> o_part(size_t(splits) * B * Hkv * 16 * D), lse_part(size_t(splits) * B * Hkv * 16);
@@ -89,7 +91,7 @@ int run(const Case& c) {
     std::barrier<> bar(128); emu::block_barrier = &bar;
     std::vector<std::unique_ptr<std::barrier<>>> wb; for (int w = 0; w < 4; ++w) { wb.emplace_back(new std::barrier<>(32)); emu::warp_barriers[w] = wb.back().get(); }
     std::vector<std::thread> threads;
-    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (compact) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
+    for (unsigned t = 0; t < 128; ++t) threads.emplace_back([&, t, z] { emu::tid = {t, 0, 0}; emu::bid = {x, 0, z}; if (tiles) split_kv_kernel<TileTraits, E>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (compact && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (compact) split_kv_mma_kernel<CompactTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else if (wide) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguousWide>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kContiguous) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kContiguous>(p, op, lp, rows_padded); else if (mma && cache_walk(p) == CacheWalk::kLongPages) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kLongPages>(p, op, lp, rows_padded); else if (mma) split_kv_mma_kernel<MmaTraits, E, CacheWalk::kShortPages>(p, op, lp, rows_padded); else split_kv_warp_kernel<Traits, E>(p, op, lp, rows_padded); });
     for (auto& th : threads) th.join();
   }
   if (splits > 1) {
@@ -123,6 +125,7 @@ int run(const Case& c) {
     std::printf(" hdim=%d%s%s", D, c.reversed ? " reversed" : "", c.padded ? " padded" : "");
   if (pad > 0) std::printf(" left pad %d", pad);
   if (compact) std::printf(" compact ring");
+  if (wide) std::printf(" wide fetch");
   std::printf(": max |O - fp64| %.3e, lse[0] %f, bits %016llx\n", worst, lse[0], static_cast<unsigned long long>(hash));
   return worst <= 2e-2 ? 0 : 1;  // bf16 outputs of magnitude < 1: a few ulps
 }

@@ -15,6 +15,7 @@ b = kk.index("__device__ __forceinline__ float warp_max")
 kk = kk[:a] + """inline void cp_async_16(void* smem, const void* gmem, bool valid) {
   if (valid) std::memcpy(smem, gmem, 16); else std::memset(smem, 0, 16);
 }
+inline void cp_async_16_l2_256(void* smem, const void* gmem, bool valid) { cp_async_16(smem, gmem, valid); }
 inline void cp_async_commit() {}
 template <int kPending> inline void cp_async_wait() {}
 

@@ -78,6 +78,11 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
                                     dram_bytes_per_second(p.device_index));
     plan->splits = decode::choose_splits(blocks, p.capacity, slots, unsplit_draws_the_dram);
   }
+  // Where more blocks than SMs stream a contiguous cache, two share an SM and the DRAM serves a row's
+  // chunks at once if the L2 fetches the row: H100, session 31 (v23), B = 64 0.4-0.7 % faster at 32k
+  // and 128k keys, and B = 8 128k (64 blocks, one an SM) 0.45-0.9 % slower, which keeps the sector fetch.
+  plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged &&
+                     int64_t(plan->splits) * blocks > sm_count;
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);

@@ -35,8 +35,13 @@ constexpr int64_t mma_bytes_in_flight(Ring ring, int head_dim_class) {
 // How an mma kernel instance steps a lane's key streams through the cache:
 // one offset per tensor in a contiguous cache; two block lookups per slab in
 // a paged cache of pages at least one slab long, where a lane's streams touch
-// at most two pages; a page and a block per stream otherwise.
-enum class CacheWalk { kContiguous, kLongPages, kShortPages };
+// at most two pages; a page and a block per stream otherwise. kContiguousWide
+// walks a contiguous cache as kContiguous, its copies asking the L2 for 256
+// bytes around each chunk (cp_async_16_l2_256): the launcher takes it where the
+// grid has more blocks than the GPU has SMs (KvCachePlan::wide_fetch).
+enum class CacheWalk { kContiguous, kContiguousWide, kLongPages, kShortPages };
+
+constexpr bool paged_walk(CacheWalk walk) { return walk == CacheWalk::kLongPages || walk == CacheWalk::kShortPages; }
 
 // The long-pages walk holds a row stride in bytes in 32 bits and multiplies it by
 // rows with a 64-bit product (split_kv_mma.cuh, PagedTensor): the stride of 16-bit

@@ -73,6 +73,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(gmem), "r"(src_bytes));
 }
+// The same copy, the L2 asked to fetch the 256 bytes around the chunk from the DRAM (a key row of one
+// head at hdim 128) rather than the 32-byte sectors the chunk touches.
+__device__ __forceinline__ void cp_async_16_l2_256(void* smem, const void* gmem, bool valid) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(address), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -82,9 +82,10 @@ fa_status launch_split_kv(Kernel kernel, const KvCacheParams& p, const KvCachePl
 template <class Traits, typename Element>
 fa_status launch_mma_walk(CacheWalk walk, const KvCacheParams& p, const KvCachePlan& plan, float* o_partial,
                           float* lse_partial, cudaStream_t stream) {
-  auto kernel = walk == CacheWalk::kContiguous ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
-                : walk == CacheWalk::kLongPages ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
-                                                : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
+  auto kernel = walk == CacheWalk::kContiguous       ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguous>
+                : walk == CacheWalk::kContiguousWide ? split_kv_mma_kernel<Traits, Element, CacheWalk::kContiguousWide>
+                : walk == CacheWalk::kLongPages      ? split_kv_mma_kernel<Traits, Element, CacheWalk::kLongPages>
+                                                     : split_kv_mma_kernel<Traits, Element, CacheWalk::kShortPages>;
   return launch_split_kv<Traits>(kernel, p, plan, o_partial, lse_partial, stream);
 }
 
@@ -137,7 +138,7 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
     // At hdim 64 the compact ring has the standard one's stages: no second copy of its kernels.
     using CompactTraits = SplitKvMmaTraits<Element, kHeadDim, Ring::kCompact>;
     using Compact = std::conditional_t<CompactTraits::kStages == Standard::kStages, Standard, CompactTraits>;
-    const CacheWalk walk = cache_walk(p);
+    const CacheWalk walk = plan.wide_fetch ? CacheWalk::kContiguousWide : cache_walk(p);
     if (plan.ring == Ring::kStandard) {
       FA_TRY((launch_mma_walk<Standard, Element>)(walk, p, plan, o_partial, lse_partial, stream));
     } else {

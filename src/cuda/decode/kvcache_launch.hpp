@@ -114,6 +114,7 @@ struct KvCachePlan {
   int rows_padded = 0;  // row_blocks * rows_per_block
   int smem_per_block = 0;         // the device's opt-in shared memory per block
   Ring ring = Ring::kStandard;    // the mma kernel's ring (mma_ring)
+  bool wide_fetch = false;        // the mma kernel walks a contiguous cache as CacheWalk::kContiguousWide
   size_t o_partial_bytes = 0, lse_partial_bytes = 0, lse_offset = 0, total = 0;
 };
 

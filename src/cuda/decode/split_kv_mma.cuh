@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // stream i holds slab key i * kKeysPerCopy + lane / kRowChunks.
   constexpr int kKeysPerCopy = 32 / kRowChunks;  // keys one warp-wide copy covers, whole rows
   constexpr int kStreams = Traits::kLaneKeys;
-  constexpr bool kPaged = kWalk != CacheWalk::kContiguous;
+  constexpr bool kPaged = paged_walk(kWalk);
   const int c_lane = lane % kRowChunks;
   const int base0 = keys_begin + warp * kSlabKeys;
   const Element* k_lane = static_cast<const Element*>(p.k_cache) + hkv * p.k_cache_layout.head + 8 * c_lane;
@@ -383,6 +383,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     } else {
       // Row group i is rows kLineRows i + line_row of the slab; line h its dims 64 h .. + 63.
       // `partial` (the split's last slab, or D or Dv below the class) checks each copy.
+      auto contiguous_copy = [](void* smem, const void* gmem, bool valid) {
+        if constexpr (kWalk == CacheWalk::kContiguousWide) {
+          cp_async_16_l2_256(smem, gmem, valid);
+        } else {
+          cp_async_16(smem, gmem, valid);
+        }
+      };
       auto copy_rows = [&](auto partial) {
         const Element* k_src = k_row_first;
         const Element* v_src = v_row_first;
@@ -395,10 +402,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
             const bool k_in = !partial || (present && 8 * chunk < d_count);
             const bool v_in = !partial || (present && 8 * chunk < dv_count);
             constexpr int kLineElements = kLineBytes / int(sizeof(Element));
-            cp_async_16(k_rows + k_dest + i * kLineRows * kRowBytes + h * kLineBytes,
-                        (k_in ? k_src : k_line) + kLineElements * h, k_in);
-            cp_async_16(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * kLineBytes,
-                        (v_in ? v_src : v_line) + kLineElements * h, v_in);
+            contiguous_copy(k_rows + k_dest + i * kLineRows * kRowBytes + h * kLineBytes,
+                            (k_in ? k_src : k_line) + kLineElements * h, k_in);
+            contiguous_copy(v_rows + v_dest[i % 2] + (i / 2) * 2 * kLineRows * kRowBytes + h * kLineBytes,
+                            (v_in ? v_src : v_line) + kLineElements * h, v_in);
           }
           k_src += k_group_step;
           v_src += v_group_step;
