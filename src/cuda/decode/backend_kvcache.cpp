@@ -53,6 +53,12 @@ double dram_bytes_per_second(int device_index) {
   return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
 }
 
+// The L2's 256-byte fetch was measured faster on the H100 (3.35 TB/s) and slower on the H200 (4.8 TB/s);
+// a GPU whose bandwidth is unknown keeps the sector fetch.
+bool wide_fetch_pays(double dram_bytes_per_second) {
+  return dram_bytes_per_second > 0.0 && dram_bytes_per_second < 4.0e12;
+}
+
 fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
   const int head_dim_class = kvcache_head_dim_class(p.head_dim, p.head_dim_v);
@@ -81,8 +87,10 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   // Where more blocks than SMs stream a contiguous cache, two share an SM and the DRAM serves a row's
   // chunks at once if the L2 fetches the row: H100, session 31 (v23), B = 64 0.4-0.7 % faster at 32k
   // and 128k keys, and B = 8 128k (64 blocks, one an SM) 0.45-0.9 % slower, which keeps the sector fetch.
-  plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged &&
-                     int64_t(plan->splits) * blocks > sm_count;
+  // On the H200 the same fetch read 2.5-6.4 % behind cuDNN where the sector fetch is level with it
+  // (session 32 runs 7-8): only below 4 TB/s.
+  plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged && int64_t(plan->splits) * blocks > sm_count &&
+                     wide_fetch_pays(dram_bytes_per_second(p.device_index));
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);
