@@ -134,37 +134,50 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
     expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
 }
 
-// The ring's depth (compact: the one for sm_86/sm_89 at hdim 128) changes how many slabs are in
-// flight, not the order of the arithmetic: every case, and each with 4 splits, gives the same bytes
-// of out, lse and the appended cache with FLASHATTN_DECODE_RING=compact as by default (standard).
-TEST(GpuKvCacheRing, RingsAgreeBitwise) {
-  FA_GPU_TEST_OR_SKIP();
+// Every shared case, and each with 4 splits, run by default and again with the environment variable
+// `name` set to `value`: the same bytes of out, lse and the appended cache.
+void expect_cases_agree_bitwise_under(const char* name, const char* value) {
   int compared = 0;
   for (const KvCase& shared : as_gpu(kvcache_cases())) {
     if (shared.slow) continue;
     for (int32_t splits : {shared.num_splits, 4}) {
-      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits));
+      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits) + ", " + name + "=" + value);
       KvCase c = shared;
       c.num_splits = splits;
       KvProblem p = make_kv_problem(c);
       p.poison_outputs();
       run_on_device(p);
-      if (HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
       const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-      KvProblem compact = make_kv_problem(c);
-      compact.poison_outputs();
+      KvProblem variant = make_kv_problem(c);
+      variant.poison_outputs();
       {
-        const ScopedEnv ring("FLASHATTN_DECODE_RING", "compact");
-        run_on_device(compact);
+        const ScopedEnv setting(name, value);
+        run_on_device(variant);
       }
-      if (HasFatalFailure()) return;
-      EXPECT_TRUE(compact.out.bytes() == out);
-      EXPECT_TRUE(compact.lse.bytes() == lse);
-      EXPECT_TRUE(compact.k_cache.bytes() == k_cache);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(variant.out.bytes() == out);
+      EXPECT_TRUE(variant.lse.bytes() == lse);
+      EXPECT_TRUE(variant.k_cache.bytes() == k_cache);
       ++compared;
     }
   }
   EXPECT_GT(compared, 0) << "no case in the shared list";
+}
+
+// The ring's depth (compact: the one for sm_86/sm_89 at hdim 128) changes how many slabs are in
+// flight, not the order of the arithmetic.
+TEST(GpuKvCacheRing, RingsAgreeBitwise) {
+  FA_GPU_TEST_OR_SKIP();
+  expect_cases_agree_bitwise_under("FLASHATTN_DECODE_RING", "compact");
+}
+
+// The L2's 256-byte fetch (the contiguous walk's, on grids of more blocks than SMs where the DRAM is
+// below 4 TB/s) changes what the L2 asks of the DRAM, not the bytes a copy brings: forced on every
+// case (the shared cases' grids are small: by default they take the sector fetch).
+TEST(GpuKvCacheFetch, WideFetchAgreesBitwise) {
+  FA_GPU_TEST_OR_SKIP();
+  expect_cases_agree_bitwise_under("FLASHATTN_DECODE_FETCH", "wide");
 }
 
 // A shared case with 4 splits (the combine runs; the short case gets the 2 its keys allow) on a

@@ -89,8 +89,11 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   // and 128k keys, and B = 8 128k (64 blocks, one an SM) 0.45-0.9 % slower, which keeps the sector fetch.
   // On the H200 the same fetch read 2.5-6.4 % behind cuDNN where the sector fetch is level with it
   // (session 32 runs 7-8): only below 4 TB/s.
-  plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged && int64_t(plan->splits) * blocks > sm_count &&
-                     wide_fetch_pays(dram_bytes_per_second(p.device_index));
+  const decode::FetchRequest fetch = decode::requested_fetch();
+  const bool wide_by_rule =
+      int64_t(plan->splits) * blocks > sm_count && wide_fetch_pays(dram_bytes_per_second(p.device_index));
+  plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged &&
+                     (fetch == decode::FetchRequest::kWide || (fetch == decode::FetchRequest::kRule && wide_by_rule));
   if (plan->splits > 1) {
     const size_t partial_rows = size_t(plan->splits) * size_t(p.batch * p.heads_kv) * plan->rows_padded;
     plan->o_partial_bytes = partial_rows * size_t(p.head_dim_v) * sizeof(float);

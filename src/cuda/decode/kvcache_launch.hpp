@@ -106,6 +106,16 @@ inline Ring mma_ring(int head_dim_class, int smem_per_block) {
              : Ring::kCompact;
 }
 
+// FLASHATTN_DECODE_FETCH=wide or sector makes the contiguous walk take the L2's 256-byte fetch or
+// the sectors' on any grid (the tests compare the two), read per call; unset or other: the plan's rule.
+enum class FetchRequest { kRule, kWide, kSector };
+inline FetchRequest requested_fetch() {
+  const char* value = std::getenv("FLASHATTN_DECODE_FETCH");
+  if (value == nullptr) return FetchRequest::kRule;
+  if (std::strcmp(value, "wide") == 0) return FetchRequest::kWide;
+  return std::strcmp(value, "sector") == 0 ? FetchRequest::kSector : FetchRequest::kRule;
+}
+
 // The work of one call: grid (splits, row_blocks, B * Hkv) and the fp32
 // partials of the splits (none when splits == 1).
 struct KvCachePlan {
