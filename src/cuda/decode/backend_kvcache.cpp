@@ -88,7 +88,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   // chunks at once if the L2 fetches the row: H100, session 31 (v23), B = 64 0.4-0.7 % faster at 32k
   // and 128k keys, and B = 8 128k (64 blocks, one an SM) 0.45-0.9 % slower, which keeps the sector fetch.
   // On the H200 the same fetch read 2.5-6.4 % behind cuDNN where the sector fetch is level with it
-  // (session 32 runs 7-8): only below 4 TB/s.
+  // (session 32 runs 7-8): only below 4 TB/s. Session 38, H100: B = 64 0.3-0.6 % faster, level with cuDNN.
   const decode::FetchRequest fetch = decode::requested_fetch();
   const bool wide_by_rule =
       int64_t(plan->splits) * blocks > sm_count && wide_fetch_pays(dram_bytes_per_second(p.device_index));

@@ -38,7 +38,8 @@ constexpr int64_t mma_bytes_in_flight(Ring ring, int head_dim_class) {
 // at most two pages; a page and a block per stream otherwise. kContiguousWide
 // walks a contiguous cache as kContiguous, its copies asking the L2 for 256
 // bytes around each chunk (cp_async_16_l2_256): the launcher takes it where the
-// grid has more blocks than the GPU has SMs (KvCachePlan::wide_fetch).
+// grid has more blocks than the GPU has SMs and the DRAM is below 4 TB/s
+// (KvCachePlan::wide_fetch).
 enum class CacheWalk { kContiguous, kContiguousWide, kLongPages, kShortPages };
 
 constexpr bool paged_walk(CacheWalk walk) { return walk == CacheWalk::kLongPages || walk == CacheWalk::kShortPages; }
