@@ -134,31 +134,30 @@ TEST(GpuKvCacheSplits, EveryCountAgreesWithNoSplit) {
     expect_split_counts_agree(name, {1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 64, 100, 128}, run_on_device);
 }
 
-// Every shared case, and each with 4 splits, run by default and again with the environment variable
-// `name` set to `value`: the same bytes of out, lse and the appended cache.
-void expect_cases_agree_bitwise_under(const char* name, const char* value) {
+// Every shared case, and each with 4 splits, run with the environment variable `name` set to
+// `baseline` and again set to `variant`: the same bytes of out, lse and the appended cache.
+void expect_cases_agree_bitwise(const char* name, const char* baseline, const char* variant) {
+  auto run_with = [&](const KvCase& c, const char* value) {
+    KvProblem p = make_kv_problem(c);
+    p.poison_outputs();
+    const ScopedEnv setting(name, value);
+    run_on_device(p);
+    return p;
+  };
   int compared = 0;
   for (const KvCase& shared : as_gpu(kvcache_cases())) {
     if (shared.slow) continue;
     for (int32_t splits : {shared.num_splits, 4}) {
-      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits) + ", " + name + "=" + value);
+      SCOPED_TRACE(shared.name + " num_splits " + std::to_string(splits) + ", " + name + "=" + variant);
       KvCase c = shared;
       c.num_splits = splits;
-      KvProblem p = make_kv_problem(c);
-      p.poison_outputs();
-      run_on_device(p);
+      const KvProblem expected = run_with(c, baseline);
       if (::testing::Test::HasFatalFailure()) return;
-      const std::vector<unsigned char> out = p.out.bytes(), lse = p.lse.bytes(), k_cache = p.k_cache.bytes();
-      KvProblem variant = make_kv_problem(c);
-      variant.poison_outputs();
-      {
-        const ScopedEnv setting(name, value);
-        run_on_device(variant);
-      }
+      const KvProblem actual = run_with(c, variant);
       if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_TRUE(variant.out.bytes() == out);
-      EXPECT_TRUE(variant.lse.bytes() == lse);
-      EXPECT_TRUE(variant.k_cache.bytes() == k_cache);
+      EXPECT_TRUE(actual.out.bytes() == expected.out.bytes());
+      EXPECT_TRUE(actual.lse.bytes() == expected.lse.bytes());
+      EXPECT_TRUE(actual.k_cache.bytes() == expected.k_cache.bytes());
       ++compared;
     }
   }
@@ -169,15 +168,15 @@ void expect_cases_agree_bitwise_under(const char* name, const char* value) {
 // flight, not the order of the arithmetic.
 TEST(GpuKvCacheRing, RingsAgreeBitwise) {
   FA_GPU_TEST_OR_SKIP();
-  expect_cases_agree_bitwise_under("FLASHATTN_DECODE_RING", "compact");
+  expect_cases_agree_bitwise("FLASHATTN_DECODE_RING", "standard", "compact");
 }
 
 // The L2's 256-byte fetch (the contiguous walk's, on grids of more blocks than SMs where the DRAM is
-// below 4 TB/s) changes what the L2 asks of the DRAM, not the bytes a copy brings: forced on every
-// case (the shared cases' grids are small: by default they take the sector fetch).
+// below 4 TB/s) changes what the L2 asks of the DRAM, not the bytes a copy brings: every case forced
+// wide against every case forced to the sectors.
 TEST(GpuKvCacheFetch, WideFetchAgreesBitwise) {
   FA_GPU_TEST_OR_SKIP();
-  expect_cases_agree_bitwise_under("FLASHATTN_DECODE_FETCH", "wide");
+  expect_cases_agree_bitwise("FLASHATTN_DECODE_FETCH", "sector", "wide");
 }
 
 // A shared case with 4 splits (the combine runs; the short case gets the 2 its keys allow) on a
