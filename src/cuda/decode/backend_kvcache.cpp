@@ -73,6 +73,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   FA_CUDA_CHECK(
       cudaDeviceGetAttribute(&plan->smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index));
   plan->ring = decode::mma_ring(head_dim_class, plan->smem_per_block);
+  const double dram = dram_bytes_per_second(p.device_index);  // the split rule's and the fetch rule's
   if (p.num_splits > 0) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {
@@ -80,8 +81,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
     // The DRAM rule only where it was measured: the mma kernel on a contiguous cache.
     const bool unsplit_draws_the_dram =
         kernel == decode::DecodeKernel::kMma && !p.paged &&
-        decode::grid_draws_the_dram(blocks, decode::mma_bytes_in_flight(plan->ring, head_dim_class),
-                                    dram_bytes_per_second(p.device_index));
+        decode::grid_draws_the_dram(blocks, decode::mma_bytes_in_flight(plan->ring, head_dim_class), dram);
     plan->splits = decode::choose_splits(blocks, p.capacity, slots, unsplit_draws_the_dram);
   }
   // Where more blocks than SMs stream a contiguous cache, two share an SM and the DRAM serves a row's
@@ -90,8 +90,7 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   // On the H200 the same fetch read 2.5-6.4 % behind cuDNN where the sector fetch is level with it
   // (session 32 runs 7-8): only below 4 TB/s. Session 38, H100: B = 64 0.3-0.6 % faster, level with cuDNN.
   const decode::FetchRequest fetch = decode::requested_fetch();
-  const bool wide_by_rule =
-      int64_t(plan->splits) * blocks > sm_count && wide_fetch_pays(dram_bytes_per_second(p.device_index));
+  const bool wide_by_rule = int64_t(plan->splits) * blocks > sm_count && wide_fetch_pays(dram);
   plan->wide_fetch = kernel == decode::DecodeKernel::kMma && !p.paged &&
                      (fetch == decode::FetchRequest::kWide || (fetch == decode::FetchRequest::kRule && wide_by_rule));
   if (plan->splits > 1) {

@@ -161,8 +161,8 @@ fa_status run_kvcache(const KvCacheParams& p, const KvCachePlan& plan, void* wor
   }
   if (plan.splits > 1) {
     const unsigned blocks = static_cast<unsigned>(batch_heads * rows);  // one per packed row
-    FA_TRY(launch_kernel(combine_kernel<Element, kHeadDim>, dim3(blocks), dim3(kCombineThreads), 0, stream, p, o_partial,
-                         lse_partial, plan.splits, plan.rows_padded));
+    FA_TRY(launch_kernel(combine_kernel<Element, kHeadDim>, dim3(blocks), dim3(kCombineThreads), 0, stream, p,
+                         o_partial, lse_partial, plan.splits, plan.rows_padded));
   }
   return FA_OK;
 }
