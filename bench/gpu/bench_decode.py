@@ -322,8 +322,9 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     return row
 
 
-def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0):
-    """Our call at each num_splits (0: the heuristic's), on a contiguous cache or, with `page`, a paged one."""
+def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0, references=()):
+    """Our call at each num_splits (0: the heuristic's), on a contiguous cache or, with `page`, a paged one;
+    each reference build's at the same counts in the same rounds (keys "label:count")."""
     k = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     copies = max(1, math.ceil(4 * L2_BYTES / (2 * k.numel() * 2)))
@@ -335,9 +336,10 @@ def split_sweep(kv, B, S, H=32, Hkv=8, D=128, page=0):
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     # Every count's graph in the same rounds, as the table's columns: timed one after another, a clock drift
     # during the sweep read as a trend over the counts (session 29: 215 us at 0-16 splits, 190 at 64, B = 1 128k).
-    graphs = {str(splits): capture_graph([kv.call(q, kc, vc, out, seqlens, block_table=table, num_splits=splits)
-                                          for kc, vc, table in ks])
-              for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128)}
+    builds = [("", kv)] + [(f"{label}:", reference) for label, reference in references]
+    graphs = {f"{prefix}{splits}": capture_graph([build.call(q, kc, vc, out, seqlens, block_table=table,
+                                                             num_splits=splits) for kc, vc, table in ks])
+              for prefix, build in builds for splits in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 128)}
     return time_graphs_interleaved(graphs, len(ks))
 
 
@@ -368,9 +370,9 @@ def main():
     parser.add_argument("--out", default=".")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reference-lib", action="append", default=[],
-                        help="another build (e.g. the previous commit): its contiguous decode timed on the same "
-                             "caches in the same rounds as ours (column ref_ms); repeat it for more builds "
-                             "(ref2_ms, ref3_ms, ...)")
+                        help="another build (e.g. the previous commit): its contiguous and paged decode timed on "
+                             "the same caches in the same rounds as ours (column ref_ms), and each count of the "
+                             "sweeps (keys ref:N); repeat it for more builds (ref2_ms, ref3_ms, ...)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="rounds of the interleaved timing of each cell (the median is reported)")
     parser.add_argument("--sweep", default="1x4096,1x32768,1x131072,8x4096,8x32768",
@@ -406,7 +408,7 @@ def main():
         name = f"split_sweep_B{B}_S{S // 1024}k" if S % 1024 == 0 else f"split_sweep_B{B}_S{S}"
         name += f"_paged{page}" if page else ""
         with monitor.phase(name) as state:
-            result[name] = split_sweep(kv, B, S, page=page)
+            result[name] = split_sweep(kv, B, S, page=page, references=references)
         result["gpu_state"].append(state)
         print(f"num_splits sweep B={B} S={name.split('_S')[-1]} (ms):",
               {k: round(v, 4) for k, v in result[name].items()}, f"GPU: {describe(state)}", flush=True)
