@@ -17,7 +17,7 @@ release to its exit), median and max over the blocks, and of that work the part 
 their max shared (trees that stamp it, from session 36). The JSON keeps the stamps of the median replay's first three
 calls (ns from the first call's first wait release) for a closer look.
 
-usage: python3 dev/decode_timeline.py --lib build-timeline/libflashattn.so [--cells 1x4096,1x32768] [--out DIR]
+usage: python3 dev/decode_timeline.py --lib build-timeline/libflashattn.so [--cells 1x4096,1x4096p16] [--out DIR]
 """
 import argparse
 import ctypes
@@ -32,7 +32,8 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
-from bench_decode import HOST_COVER_CYCLES, L2_BYTES, MIN_CALLS_PER_GRAPH, KvCache, capture_graph, warm_up  # noqa: E402
+from bench_decode import (HOST_COVER_CYCLES, L2_BYTES, MIN_CALLS_PER_GRAPH, KvCache, capture_graph,  # noqa: E402
+                          make_paged, warm_up)
 from fa_ctypes import FlashAttn  # noqa: E402
 
 # The tree's layout of a call's buffer (uint64): split block k's events at [8 k, 8 k + 8), combine block k's at
@@ -86,18 +87,19 @@ def summarize(calls):
     return {key: statistics.median(row[key] for row in rows) / 1e3 for key in rows[0]}
 
 
-def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15):
+def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, page=0, rounds=15):
+    """The stamps of a cell; with `page`, on the same keys in shuffled pages of `page` rows (as the table's)."""
     kv_bytes = 2 * B * S * Hkv * D * 2
     copies = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
     calls = max(copies, MIN_CALLS_PER_GRAPH)
     caches = []
     for _ in range(copies):
-        caches.append((torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda"),
-                       torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda"),
-                       torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda"),
-                       torch.empty(B, 1, H, D, dtype=torch.bfloat16, device="cuda")))
+        k, v = (torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        k, v, table = make_paged(k, v, page) if page else (k, v, None)
+        caches.append((torch.randn(B, 1, H, D, dtype=torch.bfloat16, device="cuda"), k, v,
+                       torch.empty(B, 1, H, D, dtype=torch.bfloat16, device="cuda"), table))
     seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")
-    fns = [kv.call(q, k, v, o, seqlens) for q, k, v, o in caches]
+    fns = [kv.call(q, k, v, o, seqlens, block_table=table) for q, k, v, o, table in caches]
     timeline = torch.zeros(calls, CALL_WORDS, dtype=torch.int64, device="cuda")
     set_timeline = fa.lib.fa_debug_set_timeline
     set_timeline.argtypes = [ctypes.c_void_p]
@@ -128,7 +130,7 @@ def timeline_cell(fa, kv, B, S, H=32, Hkv=8, D=128, rounds=15):
     origin = min(events[0]["waited"])
     raw = [{key: [t - origin for t in values] for key, values in call.items() if isinstance(values, list)}
            for call in events[:3]]
-    result = dict(batch=B, cache=S, calls=calls, copies=copies, us_per_call_events=us_per_call,
+    result = dict(batch=B, cache=S, page=page, calls=calls, copies=copies, us_per_call_events=us_per_call,
                   split_blocks=events[0]["blocks"], combine_blocks=events[0]["combine_blocks"],
                   timer_step_ns=min(steps) if steps else None, **summarize(events), raw_first_calls_ns=raw)
     del graph, caches, timeline
@@ -140,7 +142,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", required=True, help="libflashattn.so of a timeline tree")
     parser.add_argument("--label", default=None)
-    parser.add_argument("--cells", default="1x4096,1x32768,8x4096,1x131072")
+    parser.add_argument("--cells", default="1x4096,1x32768,8x4096,1x131072",
+                        help="BxS, comma-separated; BxSpP for a paged cache of P-row pages")
     parser.add_argument("--out", default=None, help="directory for timeline_LABEL.json")
     args = parser.parse_args()
     fa = FlashAttn(args.lib)
@@ -150,11 +153,12 @@ def main():
           "(period | to 1st copy median/max | ring, spread | epilogue | to combine | combine | to next)")
     results = []
     for cell in args.cells.split(","):
-        B, S = (int(x) for x in cell.split("x"))
-        r = timeline_cell(fa, kv, B, S)
+        B, rest = cell.split("x")
+        B, S, page = int(B), int(rest.split("p")[0]), int(rest.split("p")[1]) if "p" in rest else 0
+        r = timeline_cell(fa, kv, B, S, page=page)
         results.append(r)
         combine = (f"{r['to_combine']:5.2f} | {r['combine']:5.2f}" if "combine" in r else "  -   |   -  ")
-        print(f"B={B:2d} S={S:6d} ({r['split_blocks']} + {r['combine_blocks']} blocks, {r['calls']} calls, "
+        print(f"B={B:2d} S={S:6d}{f' paged {page}' if page else ''} ({r['split_blocks']} + {r['combine_blocks']} blocks, {r['calls']} calls, "
               f"{r['us_per_call_events']:.2f} us a call by events, timer step {r['timer_step_ns']} ns): "
               f"{r['period']:6.2f} | {r['first_copy']:4.2f}/{r['first_copy_max']:4.2f} | {r['ring']:6.2f}, "
               f"{r['spread']:5.2f} | {r['epilogue']:4.2f} | {combine} | {r['to_next']:5.2f}", flush=True)
