@@ -218,6 +218,14 @@ def make_paged(k_cache, v_cache, page):
     return k_pages, v_pages, order.view(b, blocks).to(torch.int32)
 
 
+def pages_in_order(k_cache, v_cache, page):
+    """The contiguous cache itself as pages of `page` rows, each row's pages in order (views, no copy): the paged
+    walk on the contiguous cache's bytes, which tells its own cost from the shuffled pages'."""
+    b, s, hkv, d = k_cache.shape
+    table = torch.arange(b * (s // page), dtype=torch.int32, device="cuda").view(b, s // page)
+    return k_cache.view(-1, page, hkv, d), v_cache.view(-1, page, hkv, d), table
+
+
 def sdpa_calls(caches, backend):
     """torch SDPA on each cache copy ((B, Hkv, S, D) views, enable_gqa)."""
     fns = []
@@ -294,14 +302,18 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
     del graphs, eager
     torch.cuda.empty_cache()
     if paged:
-        paged_args = []
+        paged_args, in_order_args = [], []
         for q, k, v, o in unique:
             k_pages, v_pages, table = make_paged(k, v, 16)
             paged_args.append((q, k_pages, v_pages, o, table))
+            in_order_args.append((q, *pages_in_order(k, v, 16), o))
         paged_args = [paged_args[i % copies] for i in range(calls)]
+        in_order_args = [in_order_args[i % copies] for i in range(calls)]
         graphs = {"ours": ours}
         graphs["paged16"] = capture_graph(
             [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
+        graphs["paged16_in_order"] = capture_graph(
+            [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in in_order_args])
         with environment("FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM", "1"):  # the contiguous cache's split count
             graphs["paged16_one_per_sm"] = capture_graph(
                 [kv.call(q, k, v, o, seqlens, block_table=t) for q, k, v, o, t in paged_args])
@@ -313,10 +325,12 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
             row[f"{label}_paged16_ms"] = paged_ms[f"{label}_paged16"]
         row["paged16_ms"] = paged_ms["paged16"]
         row["paged16_one_per_sm_ms"] = paged_ms["paged16_one_per_sm"]
+        row["paged16_in_order_ms"] = paged_ms["paged16_in_order"]
         row["ours_ms_paged_rounds"] = paged_ms["ours"]
         row["paged16_vs_contig"] = paged_ms["paged16"] / paged_ms["ours"]
         row["paged16_one_per_sm_vs_contig"] = paged_ms["paged16_one_per_sm"] / paged_ms["ours"]
-        del graphs, paged_args, k_pages, v_pages
+        row["paged16_in_order_vs_contig"] = paged_ms["paged16_in_order"] / paged_ms["ours"]
+        del graphs, paged_args, in_order_args, k_pages, v_pages
     del ours, caches, unique
     torch.cuda.empty_cache()
     return row
@@ -434,7 +448,8 @@ def main():
                   + (f", in graphs of {row['copies']} calls {row['ours_per_copy_ms'] * 1e3:.1f} us"
                      if "ours_per_copy_ms" in row else "") + "), "
                   f"paged16 x{row.get('paged16_vs_contig', 0):.3f} "
-                  f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}), "
+                  f"(one block per SM x{row.get('paged16_one_per_sm_vs_contig', 0):.3f}, pages in order "
+                  f"x{row.get('paged16_in_order_vs_contig', 0):.3f}), "
                   + ", ".join(f"{n} {v * 1e3:.1f} us" if v else f"{n} n/a" for n, v in sd.items())
                   + "".join(f"; {label} {row[f'{label}_ms'] * 1e3:.1f} us" for label, _ in references)
                   + "".join(f"; {label} paged16 x{row[f'{label}_paged16_ms'] / row['ours_ms_paged_rounds']:.3f}"
