@@ -15,8 +15,10 @@ copies, so every call reads from DRAM. Also: a num_splits sweep (the heuristic's
 Columns *_plain_ms: ours again with FLASHATTN_DECODE_PDL=0 (no programmatic dependent launch of the decode
 kernels), an A/B of that launch in one process; paged16_one_per_sm_ms: paged 16 again with
 FLASHATTN_DECODE_PAGED_BLOCKS_PER_SM=1 (the split count of a contiguous cache; paged16_ms takes the default, two
-blocks per SM on paged caches). --reference-lib builds are timed on the contiguous cache with ours (ref_ms, ...)
-and on the paged one in the paged rounds (ref_paged16_ms).
+blocks per SM on paged caches); paged16_in_order_ms: the paged walk on the contiguous cache's own bytes, each row's
+pages in order (pages_in_order), which tells the walk's cost from the shuffled pages'. --reference-lib builds are
+timed on the contiguous cache with ours (ref_ms, ...), on the paged one in the paged rounds (ref_paged16_ms) and at
+each count of the sweeps (keys "ref:N").
 
 usage: python3 bench/gpu/bench_decode.py --lib build/libflashattn.so --out DIR
 """
