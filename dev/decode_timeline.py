@@ -158,7 +158,8 @@ def main():
         r = timeline_cell(fa, kv, B, S, page=page)
         results.append(r)
         combine = (f"{r['to_combine']:5.2f} | {r['combine']:5.2f}" if "combine" in r else "  -   |   -  ")
-        print(f"B={B:2d} S={S:6d}{f' paged {page}' if page else ''} ({r['split_blocks']} + {r['combine_blocks']} blocks, {r['calls']} calls, "
+        paged = f" paged {page}" if page else ""
+        print(f"B={B:2d} S={S:6d}{paged} ({r['split_blocks']} + {r['combine_blocks']} blocks, {r['calls']} calls, "
               f"{r['us_per_call_events']:.2f} us a call by events, timer step {r['timer_step_ns']} ns): "
               f"{r['period']:6.2f} | {r['first_copy']:4.2f}/{r['first_copy_max']:4.2f} | {r['ring']:6.2f}, "
               f"{r['spread']:5.2f} | {r['epilogue']:4.2f} | {combine} | {r['to_next']:5.2f}", flush=True)
