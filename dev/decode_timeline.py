@@ -33,7 +33,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
 from bench_decode import (HOST_COVER_CYCLES, L2_BYTES, MIN_CALLS_PER_GRAPH, KvCache, capture_graph,  # noqa: E402
-                          make_paged, warm_up)
+                          make_paged, parse_cell, warm_up)
 from fa_ctypes import FlashAttn  # noqa: E402
 
 # The tree's layout of a call's buffer (uint64): split block k's events at [8 k, 8 k + 8), combine block k's at
@@ -153,8 +153,7 @@ def main():
           "(period | to 1st copy median/max | ring, spread | epilogue | to combine | combine | to next)")
     results = []
     for cell in args.cells.split(","):
-        B, rest = cell.split("x")
-        B, S, page = int(B), int(rest.split("p")[0]), int(rest.split("p")[1]) if "p" in rest else 0
+        B, S, page = parse_cell(cell)
         r = timeline_cell(fa, kv, B, S, page=page)
         results.append(r)
         combine = (f"{r['to_combine']:5.2f} | {r['combine']:5.2f}" if "combine" in r else "  -   |   -  ")

@@ -208,6 +208,13 @@ def copy_bandwidth():
     return best
 
 
+def parse_cell(cell):
+    """(B, S, page) of "BxS", or of "BxSpP" for a paged cache of P-row pages (page 0: contiguous)."""
+    batch, rest = cell.split("x")
+    keys, _, page = rest.partition("p")
+    return int(batch), int(keys), int(page or 0)
+
+
 def make_paged(k_cache, v_cache, page):
     """The same keys in pages of `page` rows, pages shuffled; returns (k_pages, v_pages, block_table)."""
     b, s, hkv, d = k_cache.shape
@@ -397,9 +404,7 @@ def main():
     parser.add_argument("--no-table", action="store_true", help="skip the decode table (the sweep and the rest only)")
     args = parser.parse_args()
     ROUNDS = args.rounds
-    # BxS, or BxSpP for a paged cache of P-row pages
-    sweep_cells = [(int(b), int(rest.split("p")[0]), int(rest.split("p")[1]) if "p" in rest else 0)
-                   for b, rest in (cell.split("x") for cell in args.sweep.split(",") if cell)]
+    sweep_cells = [parse_cell(cell) for cell in args.sweep.split(",") if cell]
     kv = KvCache(FlashAttn(args.lib))
     references = [("ref" if i == 0 else f"ref{i + 1}", KvCache(FlashAttn(lib)))
                   for i, lib in enumerate(args.reference_lib)]
