@@ -315,7 +315,8 @@ def bench_config(kv, B, S, H=32, Hkv=8, D=128, dtype=torch.bfloat16, sdpa=True, 
         for q, k, v, o in unique:
             k_pages, v_pages, table = make_paged(k, v, 16)
             paged_args.append((q, k_pages, v_pages, o, table))
-            in_order_args.append((q, *pages_in_order(k, v, 16), o))
+            k_in_order, v_in_order, in_order_table = pages_in_order(k, v, 16)
+            in_order_args.append((q, k_in_order, v_in_order, o, in_order_table))
         paged_args = [paged_args[i % copies] for i in range(calls)]
         in_order_args = [in_order_args[i % copies] for i in range(calls)]
         graphs = {"ours": ours}
