@@ -17,6 +17,9 @@ of the kernel costs a call (dev/kvcache_decode.md, session 33):
               left while the combine works (v25, session 31, allowed them at the combine's entry, onto busy SMs).
               For revisions before 3e4d2eb, which made it main's (session 35)
   timeline_late_trigger  timeline with late_trigger's edit
+  table_free  a paged cache's block of page i of row b is b * block_table_stride + i, as bench_decode.py's in-order
+              table holds, with no block-table read: on its paged rounds (shuffled tables) the walk reads the pages
+              in order without a lookup, so its paged column against the in-order one is what the lookups cost
 
 usage: python3 dev/decode_diagnostic_trees.py [--rev HEAD] [--out build-deps] [NAME ...]
 """
@@ -131,6 +134,12 @@ LATE_TRIGGER = (COMBINE, """  wait_for_prerequisite_grids();
 TIMELINE_LATE_TRIGGER = (COMBINE, "  timeline_stamp(p, kTimelineCombine, 4, 1);\n",
                          "  timeline_stamp(p, kTimelineCombine, 4, 1);\n  allow_dependent_grids();  // diagnostic\n")
 
+# The block-table entries computed instead of read (right for bench_decode.py's in-order table only).
+TABLE_FREE = ("auto read_block = [&](uint32_t page, int key) -> int { return key < keys_end ? __ldg(table_row + page) : -1; };",
+              "auto read_block = [&](uint32_t page, int key) -> int {  // diagnostic: the in-order table's entries\n"
+              "    return key < keys_end ? static_cast<int>(b * p.block_table_stride + page) : -1;\n"
+              "  };")
+
 TREES = {
     "ring_only": [NO_MATH],
     "s_only": [SCORES_ONLY],
@@ -141,6 +150,7 @@ TREES = {
     "timeline_bare": [NO_MATH, NO_EPILOGUE, NO_Q_STAGING] + TIMELINE,
     "late_trigger": [LATE_TRIGGER],
     "timeline_late_trigger": TIMELINE + [TIMELINE_LATE_TRIGGER],
+    "table_free": [TABLE_FREE],
 }
 
 
