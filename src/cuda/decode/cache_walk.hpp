@@ -16,7 +16,8 @@ constexpr int kMmaWarps = 4;
 
 // The depth of the mma kernel's cp.async ring (SplitKvMmaTraits): the split plan takes kStandard
 // where the device's shared memory per block holds it, else kCompact (mma_ring, kvcache_launch.hpp).
-// (A deeper ring for grids of one block per SM timed 0-4 % slower on the H200: dev/kvcache_decode.md v15.)
+// (A deeper ring for grids of one block per SM timed 0-4 % slower on the H200, dev/kvcache_decode.md v15, and
+// five stages at hdim 128 12-16 % slower at B = 8 on the H100, session 40.)
 enum class Ring { kCompact, kStandard };
 
 // Stages of a warp's ring, kStages - 1 slabs of K and V in flight: the standard ring fits two blocks
