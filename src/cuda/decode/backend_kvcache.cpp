@@ -79,11 +79,14 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
   } else {
     const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
     // The DRAM rule for the mma kernel, whose blocks' bytes in flight it counts. On a paged cache too
-    // since the long-pages walk reads its block-table entries two steps ahead (session 41, H100, paged
-    // 16, B = 8: one split against the four the wave rule takes 49.3 against 51.6 us at 4k keys,
-    // 349.3 against 348.1 at 32k).
+    // since the long-pages walk reads its block-table entries two steps ahead, up to kPagedUnsplitKeys:
+    // a paged block alone on an SM streams ~1 % slower than two sharing it, which the split's partials
+    // and combine outweigh on short caches only (session 41, H100, paged 16, B = 8, one split against
+    // the four the wave rule takes: 4k keys 49.0 / 51.8 us, 8k 92.3 / 94.2, 16k 178.9 / 179.0, 32k 348.3 /
+    // 348.0, 128k 1378.6 / 1362.7).
+    constexpr int64_t kPagedUnsplitKeys = 16384;
     const bool unsplit_draws_the_dram =
-        kernel == decode::DecodeKernel::kMma &&
+        kernel == decode::DecodeKernel::kMma && (!p.paged || p.capacity <= kPagedUnsplitKeys) &&
         decode::grid_draws_the_dram(blocks, decode::mma_bytes_in_flight(plan->ring, head_dim_class), dram);
     plan->splits = decode::choose_splits(blocks, p.capacity, slots, unsplit_draws_the_dram);
   }
