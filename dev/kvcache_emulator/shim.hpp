@@ -51,16 +51,6 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
   emu::warp_barriers[warp]->arrive_and_wait();
   return other;
 }
-template <typename T> inline T __shfl_sync(unsigned, T v, int src_lane) {
-  static_assert(sizeof(T) == sizeof(float));
-  const int lane = emu::tid.x % 32, warp = emu::tid.x / 32;
-  std::memcpy(&emu::warp_slots[warp][lane], &v, sizeof v);
-  emu::warp_barriers[warp]->arrive_and_wait();
-  T other;
-  std::memcpy(&other, &emu::warp_slots[warp][src_lane & 31], sizeof other);
-  emu::warp_barriers[warp]->arrive_and_wait();
-  return other;
-}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[emu::tid.x / 32]->arrive_and_wait(); }
 inline bool __any_sync(unsigned, bool pred) {
   const int lane = emu::tid.x % 32, warp = emu::tid.x / 32;
