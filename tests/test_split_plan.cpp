@@ -45,6 +45,24 @@ TEST(SplitPlan, EightBatchRowsSplitOnTheH200Only) {
   }
 }
 
+TEST(SplitPlan, PagedCachesStayUnsplitUpTo16kKeys) {
+  // A paged cache counts two blocks per SM (264 slots): B = 8 takes four splits by waves where the
+  // DRAM rule does not cover it.
+  auto paged_splits = [](int64_t keys, double dram) {
+    const int64_t blocks = 64;
+    return choose_splits(blocks, keys, 2 * kSlots,
+                         dram_rule_covers(true, keys) && grid_draws_the_dram(blocks, kInFlight128, dram));
+  };
+  EXPECT_TRUE(dram_rule_covers(false, int64_t(1) << 40));
+  EXPECT_TRUE(dram_rule_covers(true, 16384));
+  EXPECT_FALSE(dram_rule_covers(true, 16385));
+  for (int64_t keys : {4096, 8192, 16384}) {
+    EXPECT_EQ(paged_splits(keys, kH100Dram), 1) << keys;
+    EXPECT_EQ(paged_splits(keys, kH200Dram), 4) << keys;
+  }
+  for (int64_t keys : {32768, 131072}) EXPECT_EQ(paged_splits(keys, kH100Dram), 4) << keys;
+}
+
 TEST(SplitPlan, SmallGridsSplitOnBoth) {
   // B = 1: 8 blocks pull 0.44 TB/s; 16 splits fill 128 of 132 SMs (four tiles a split at 4k keys).
   for (double dram : {kH100Dram, kH200Dram}) {

@@ -78,15 +78,9 @@ fa_status make_plan(const KvCacheParams& p, KvCachePlan* plan) {
     plan->splits = static_cast<int>(std::min<int64_t>({p.num_splits, max_by_keys, kMaxSplits}));
   } else {
     const int slots = sm_count * decode::split_blocks_per_sm(rows, kernel, head_dim_class, p.paged);
-    // The DRAM rule for the mma kernel, whose blocks' bytes in flight it counts. On a paged cache too
-    // since the long-pages walk reads its block-table entries two steps ahead, up to kPagedUnsplitKeys:
-    // a paged block alone on an SM streams ~1 % slower than two sharing it, which the split's partials
-    // and combine outweigh on short caches only (session 41, H100, paged 16, B = 8, one split against
-    // the four the wave rule takes: 4k keys 49.0 / 51.8 us, 8k 92.3 / 94.2, 16k 178.9 / 179.0, 32k 348.3 /
-    // 348.0, 128k 1378.6 / 1362.7).
-    constexpr int64_t kPagedUnsplitKeys = 16384;
+    // The DRAM rule for the mma kernel, whose blocks' bytes in flight it counts (paged: dram_rule_covers).
     const bool unsplit_draws_the_dram =
-        kernel == decode::DecodeKernel::kMma && (!p.paged || p.capacity <= kPagedUnsplitKeys) &&
+        kernel == decode::DecodeKernel::kMma && decode::dram_rule_covers(p.paged, p.capacity) &&
         decode::grid_draws_the_dram(blocks, decode::mma_bytes_in_flight(plan->ring, head_dim_class), dram);
     plan->splits = decode::choose_splits(blocks, p.capacity, slots, unsplit_draws_the_dram);
   }

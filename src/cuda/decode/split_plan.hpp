@@ -39,6 +39,15 @@ inline bool grid_draws_the_dram(int64_t blocks, int64_t bytes_in_flight, double 
   return pull >= 0.9 * dram_bytes_per_second;
 }
 
+// Whether the DRAM rule above may keep a call's grid unsplit: on a contiguous cache always; on a paged
+// one up to kPagedUnsplitKeys keys of capacity. The long-pages walk reads its block-table entries two
+// steps ahead, so a paged block alone on an SM streams ~1 % slower than two sharing it, which the
+// split's partials and combine outweigh on short caches only (session 41, H100, paged 16, B = 8, one
+// split against the four the wave rule takes: 4k keys 49.0 / 51.8 us, 8k 92.3 / 94.2, 16k 178.9 /
+// 179.0, 32k 348.3 / 348.0, 128k 1378.6 / 1362.7).
+constexpr int64_t kPagedUnsplitKeys = 16384;
+constexpr bool dram_rule_covers(bool paged, int64_t capacity) { return !paged || capacity <= kPagedUnsplitKeys; }
+
 // The fewest splits whose wave efficiency (blocks / (waves * slots)) is within 95 % of
 // the best; no split when B * Hkv * row blocks already fill the GPU, or draw its DRAM
 // (unsplit_draws_the_dram: grid_draws_the_dram of the unsplit grid). A split gets at
