@@ -29,6 +29,8 @@
 #   FA_BENCH_ARGS=""                         extra arguments of bench_gpu.py (e.g. --quick)
 #   FA_TEST_FILTER=""                        gtest filter of the GPU tests (default: all but slow)
 #   FA_SANITIZERS="memcheck racecheck"       compute-sanitizer tools
+#   FA_SANITIZE_FILTER="GpuSanitizer.*:GpuDropout.*"  their gtest filter (parametrized cases are named
+#                                            Cases/Suite.Test/case: '*GpuKvCache*' takes every KV-cache test)
 #   FA_REQUIRE_GPU=""                        e.g. "H200": on any GPU whose name lacks it, say so and stop
 #                                            before building (a call that may land on an H100 costs seconds)
 set -uo pipefail
