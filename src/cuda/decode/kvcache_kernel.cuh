@@ -227,6 +227,29 @@ __device__ __forceinline__ KeyRange split_range(int64_t lo, int64_t hi, int spli
   return {begin, min(hi, begin + per_split)};
 }
 
+// Asks the L2 for the block-table lines that split `split` of `splits` reads first in batch row b,
+// ahead of the wait for the previous grid, as prefetch_row_entries does for the row's entries. Which
+// keys a split reads needs the cache length, readable only after that wait, so the split's share is
+// taken of the row's capacity: exact for a full cache; otherwise some lines are asked for in vain (one
+// instruction a thread, and a line of the table in the L2). One line a thread, from the share's
+// first: the entries the walk reads later are read ahead of their copies anyway.
+template <int kBlockN>
+__device__ __forceinline__ void prefetch_table_share(const KvCacheParams& p, int64_t b, int split, int splits) {
+#if defined(__CUDA_ARCH__)
+  const KeyRange keys = split_range<kBlockN>(0, p.capacity, split, splits);
+  if (keys.end <= keys.begin) return;
+  const uint32_t page_rows = static_cast<uint32_t>(p.page_rows);
+  const int32_t* row = p.block_table + b * p.block_table_stride;
+  constexpr uintptr_t kLineBytes = 128;
+  const int32_t* first = row + static_cast<uint32_t>(keys.begin) / page_rows;
+  const int32_t* last = row + static_cast<uint32_t>(keys.end - 1) / page_rows;
+  const uintptr_t first_line = reinterpret_cast<uintptr_t>(first) / kLineBytes;
+  const uintptr_t last_line = reinterpret_cast<uintptr_t>(last) / kLineBytes;
+  const uintptr_t line = first_line + threadIdx.x;
+  if (line <= last_line) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line * kLineBytes));
+#endif
+}
+
 // Grid (splits, row blocks, B * Hkv). Writes out/lse directly when splits == 1,
 // else fp32 partials: o_partial (splits, B * Hkv, rows_padded, Dv), lse_partial (splits, B * Hkv, rows_padded).
 template <typename Traits, typename Element>

@@ -141,8 +141,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const QueryRowWalk<Traits, Element> query_walk(p, b, hkv, r0);
   // Launched early after the stream's previous kernel: the index math above reads only the
   // parameters, and runs while that kernel drains; no global memory is read before this wait (the
-  // L2 prefetch of the row's entries returns nothing to the thread: prefetch_row_entries).
+  // L2 prefetches of the row's entries and block-table lines return nothing to the thread).
   prefetch_row_entries(p, b);
+  if constexpr (paged_walk(kWalk)) prefetch_table_share<kKeysPerTile>(p, b, blockIdx.x, gridDim.x);
   wait_for_prerequisite_grids();
   // The cache length's loads first (everything below waits for them), then Q's, which nothing uses
   // before turn 0, while the length's are on their way; then the length's first use. Q's not in the
