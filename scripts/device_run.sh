@@ -329,8 +329,8 @@ if has_stage python; then
   parts=" ${FA_PYTHON_PARTS:-pytest cli train} "
   if [[ "$parts" == *" pytest "* ]]; then
     start=$(date +%s)
-    # -rs lists each skip with its reason: on a GPU only the CPU-only cases should skip.
-    (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_PYTEST_TIMEOUT:-240}" python3 -m pytest -q -rs -p no:cacheprovider \
+    # -rfEs lists each failure, error and skip (with its reason): on a GPU only the CPU-only cases should skip.
+    (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_PYTEST_TIMEOUT:-240}" python3 -m pytest -q -rfEs -p no:cacheprovider \
       "$OLDPWD/python/tests" >"$OUT/pytest_cuda.log" 2>&1)
     note "== pytest python/tests (CUDA): exit $? in $(( $(date +%s) - start )) s: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_cuda.log" | tail -1)"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda.log" | head -20 >>"$SUMMARY"
