@@ -89,9 +89,10 @@ def given_output_term(ref_fn, inputs, out, dout):
     FA2's backward (flash-attn's too) takes D_i = dO_i . O_i from `out`, rounded to its dtype, where the exact
     softmax backward has dO_i . O_exact_i. With delta_i = dO_i . (out_i - O_exact_i) its dS is the exact one minus
     delta_i P_ij, so each gradient carries minus the LSE's gradient for the cotangent delta. Where a row's softmax is
-    peaked on one key, the exact dS nearly cancels and this term is most of the error: in bf16 with scores of tens
-    (session 44, test_random_options case 27 on CUDA) dQ's error was 3x its largest value, all of it this term,
-    while the naive bf16 backward, which never sees a rounded O, got 1/20 of it. ref_fn(*x, dtype) -> (out, lse).
+    peaked on one key, the exact dS nearly cancels and this term is most of the error. Session 44 met it in bf16
+    (test_random_options case 27, which CUDA runs in bf16). On one input of that case, dQ's error was 3x dQ's largest
+    value, nearly all of it this term; the naive bf16 backward, which never sees a rounded O, had 1/19 of that error.
+    ref_fn(*x, dtype) -> (out, lse).
     """
     leaves = [x.detach().double().requires_grad_(True) for x in inputs]
     exact, lse = ref_fn(*leaves, dtype=torch.float64)
