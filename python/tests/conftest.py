@@ -4,7 +4,7 @@ Pass criterion (flash-attn's, as in tests/support/problem.hpp): max|ours - ref64
 2 * max|naive_same_precision - ref64| + floor, floor = 1e-6 * max(max|ref|, scale): about 8 fp32 ulps of the
 largest value, so it only matters when the naive error is ~0. For gradients `scale` is the largest reference
 gradient of dq, dk, dv (FA2's D_i = dO_i . O_i leaves errors of eps |dO| |O| in dS even where a gradient is 0).
-Gradients also get the part of their error that comes from the output the backward is given (`given_output_term`):
+Gradients also get the part of their error that comes from the output the backward is given (`fp64_reference`):
 FA2 takes D_i from that rounded output, which the naive backward never sees. Outputs must be finite and not all zero.
 """
 import math
@@ -71,7 +71,7 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), top_left=False, sof
 
 
 def assert_2x(ours, naive, ref, name="out", scale=0.0, given_output=0.0):
-    """The 2x rule, plus finite and nonzero. `given_output`: max|given_output_term| of this gradient."""
+    """The 2x rule, plus finite and nonzero. `given_output`: the given output's term of this gradient (fp64_reference)."""
     assert torch.isfinite(ours).all(), f"{name}: non-finite values"
     assert ours.abs().max().item() > 0, f"{name}: all zeros"
     ours64, naive64, ref64 = ours.double(), naive.double(), ref.double()
@@ -83,8 +83,10 @@ def assert_2x(ours, naive, ref, name="out", scale=0.0, given_output=0.0):
                           f"given output's term {given_output:.3e})")
 
 
-def given_output_term(ref_fn, inputs, out, dout):
-    """The gradients' error that FA2 owes to the output it is given, per input: max|term| in fp64.
+def fp64_reference(ref_fn, inputs, out, dout):
+    """ref_fn(*inputs, dtype=fp64) -> (out, lse) and its gradients for the cotangent dout, taken through fp64
+    leaves (through leaves of the inputs' dtype they would come back rounded to it), with each gradient's
+    max|term| of the error that FA2 owes to the output `out` its backward is given.
 
     FA2's backward (flash-attn's too) takes D_i = dO_i . O_i from `out`, rounded to its dtype, where the exact
     softmax backward has dO_i . O_exact_i. With delta_i = dO_i . (out_i - O_exact_i) its dS is the exact one minus
@@ -92,14 +94,16 @@ def given_output_term(ref_fn, inputs, out, dout):
     peaked on one key, the exact dS nearly cancels and this term is most of the error. Session 44 met it in bf16
     (test_random_options case 27, which CUDA runs in bf16). On one input of that case, dQ's error was 3x dQ's largest
     value, nearly all of it this term; the naive bf16 backward, which never sees a rounded O, had 1/19 of that error.
-    ref_fn(*x, dtype) -> (out, lse).
+    Returns (out, lse, grads, terms).
     """
     leaves = [x.detach().double().requires_grad_(True) for x in inputs]
     exact, lse = ref_fn(*leaves, dtype=torch.float64)
+    grads = torch.autograd.grad(exact, leaves, dout.double(), retain_graph=True)
     delta = (dout.double() * (out.double() - exact.detach())).sum(-1)  # (B, Sq, H)
-    grads = torch.autograd.grad(lse, leaves, delta.transpose(1, 2), allow_unused=True)
+    term_grads = torch.autograd.grad(lse, leaves, delta.transpose(1, 2), allow_unused=True)
     # Rows that see no key have LSE -inf, whose gradient is NaN: their dS is 0 in every implementation.
-    return [0.0 if g is None else g.nan_to_num(0.0, 0.0, 0.0).abs().max().item() for g in grads]
+    terms = [0.0 if g is None else g.nan_to_num(0.0, 0.0, 0.0).abs().max().item() for g in term_grads]
+    return exact.detach(), lse.detach(), grads, terms
 
 
 def run_and_grads(fn, inputs, dout):
@@ -123,12 +127,11 @@ def check_fwd_bwd(ours_fn, ref_fn, inputs, dtype, device="cpu"):
             pytest.skip(f"{device} backend does not serve this case: {e}")
     dout = torch.randn(shape).to(device=device, dtype=dtype)
     out, grads = run_and_grads(ours_fn, inputs, dout)
-    ref, ref_grads = run_and_grads(lambda *x: ref_fn(*x, dtype=torch.float64)[0], inputs, dout)
+    ref, _, ref_grads, given_output = fp64_reference(ref_fn, inputs, out, dout)
     naive, naive_grads = run_and_grads(lambda *x: ref_fn(*x, dtype=dtype)[0], inputs, dout)
     assert out.dtype == dtype
     assert_2x(out, naive, ref, "out")
     scale = max(g.abs().max().item() for g in ref_grads)
-    given_output = given_output_term(ref_fn, inputs, out, dout)
     for name, g, gn, gr, term in zip("qkv", grads, naive_grads, ref_grads, given_output):
         assert g.shape == gr.shape
         assert_2x(g, gn, gr, "d" + name, scale, term)

@@ -6,7 +6,7 @@ import torch
 
 import flashattn
 from flashattn import _C
-from conftest import assert_2x, attention_ref, given_output_term
+from conftest import assert_2x, attention_ref, fp64_reference
 
 
 def _cu(lengths):
@@ -33,16 +33,13 @@ def test_varlen(causal, dtype):
             continue
         sl_q, sl_k = slice(oq, oq + sq), slice(ok, ok + sk)
         xs = [t.detach()[s][None].requires_grad_() for t, s in ((q, sl_q), (k, sl_k), (v, sl_k))]
-        res = {}
-        for prec in (torch.float64, dtype):
-            o, l = attention_ref(*xs, causal=causal, dtype=prec)
-            res[prec] = (o, l, torch.autograd.grad(o, xs, dout[sl_q][None].to(prec)))
-        (r, rl, rg), (n, nl, ng) = res[torch.float64], res[dtype]
+        ref = functools.partial(attention_ref, causal=causal)
+        r, rl, rg, given_output = fp64_reference(ref, xs, out.detach()[sl_q][None], dout[sl_q][None])
+        n, nl = ref(*xs, dtype=dtype)
+        ng = torch.autograd.grad(n, xs, dout[sl_q][None])
         assert_2x(out[sl_q][None], n, r, f"out[{b}]")
         assert_2x(lse[:, sl_q][None], nl, rl, f"lse[{b}]")
         scale = max(g.abs().max().item() for g in rg)
-        ref = functools.partial(attention_ref, causal=causal)
-        given_output = given_output_term(ref, xs, out.detach()[sl_q][None], dout[sl_q][None])
         for name, g, gn, gr, term in zip("qkv", grads, ng, rg, given_output):
             sl = sl_q if name == "q" else sl_k
             assert_2x(g[sl][None], gn, gr, f"d{name}[{b}]", scale, term)
