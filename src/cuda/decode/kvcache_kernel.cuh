@@ -146,6 +146,14 @@ __device__ __forceinline__ T opaque(T x) {
   return x;
 }
 
+// Asks the L2 for the line holding `address`; returns nothing to the thread, so it may run before the
+// wait for the previous grid. (A no-op where the header is compiled for the host: dev/kvcache_emulator.)
+__device__ __forceinline__ void prefetch_to_l2(const void* address) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+#endif
+}
+
 // Asks the L2 for batch row b's entries of the index tensors (thread 0 of the block), ahead of the
 // wait for the previous grid: a prefetch returns nothing to the thread, and a write of the previous
 // grid updates the L2's line, so the load after the wait reads the written value, from the L2
@@ -155,7 +163,7 @@ __device__ __forceinline__ void prefetch_row_entries(const KvCacheParams& p, int
 #if defined(__CUDA_ARCH__)
   if (threadIdx.x != 0) return;
   auto prefetch = [b](const int32_t* entries) {
-    if (entries != nullptr) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(entries + b));
+    if (entries != nullptr) prefetch_to_l2(entries + b);
   };
   prefetch(p.cache_seqlens);
   prefetch(p.cache_leftpad);
@@ -246,7 +254,7 @@ __device__ __forceinline__ void prefetch_table_share(const KvCacheParams& p, int
   const uintptr_t first_line = reinterpret_cast<uintptr_t>(first) / kLineBytes;
   const uintptr_t last_line = reinterpret_cast<uintptr_t>(last) / kLineBytes;
   const uintptr_t line = first_line + threadIdx.x;
-  if (line <= last_line) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line * kLineBytes));
+  if (line <= last_line) prefetch_to_l2(reinterpret_cast<const void*>(line * kLineBytes));
 #endif
 }
 
