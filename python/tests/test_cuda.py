@@ -1,4 +1,5 @@
-"""CUDA-only behaviour: the caller's current stream is used; CUDA tensors go through DLPack."""
+"""CUDA-only behaviour: the caller's current stream is used; CUDA tensors go through DLPack; calls captured in
+CUDA graphs replay the eager results."""
 import pytest
 import torch
 
