@@ -26,6 +26,7 @@ def test_varlen(causal, dtype):
     assert out.shape == q.shape and lse.shape == (h, sum(lq)) and lse.dtype == torch.float32
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = functools.partial(attention_ref, causal=causal)
     oq = ok = 0
     for b, (sq, sk) in enumerate(zip(lq, lk)):
         if sq == 0:
@@ -33,7 +34,6 @@ def test_varlen(causal, dtype):
             continue
         sl_q, sl_k = slice(oq, oq + sq), slice(ok, ok + sk)
         xs = [t.detach()[s][None].requires_grad_() for t, s in ((q, sl_q), (k, sl_k), (v, sl_k))]
-        ref = functools.partial(attention_ref, causal=causal)
         r, rl, rg, given_output = fp64_reference(ref, xs, out.detach()[sl_q][None], dout[sl_q][None])
         n, nl = ref(*xs, dtype=dtype)
         ng = torch.autograd.grad(n, xs, dout[sl_q][None])
