@@ -273,6 +273,9 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   if (!(opts.dropout_p >= 0.0f && opts.dropout_p < 1.0f))
     return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p: expected a probability in [0, 1), got %g",
                 static_cast<double>(opts.dropout_p));
+  if (reinterpret_cast<uintptr_t>(opts.dropout_rng_state) % alignof(uint64_t) != 0)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_rng_state: expected an 8-byte aligned pointer, got %p",
+                static_cast<const void*>(opts.dropout_rng_state));
 
   p.q = q.data;
   p.k = k.data;
@@ -290,9 +293,14 @@ fa_status check_common(const fa_tensor& q, const fa_tensor& k, const fa_tensor& 
   p.window_left = opts.window_left;
   p.window_right = p.causal ? 0 : opts.window_right;
   p.dropout_p = opts.dropout_p;
-  p.dropout_seed = opts.dropout_seed;
-  p.dropout_offset = opts.dropout_offset;
   p.dropout = make_dropout_config(opts.dropout_p, opts.dropout_seed, opts.dropout_offset);
+  if (p.dropout.enabled && opts.dropout_rng_state != nullptr) {
+    // The CPU backend runs inside this call, so host memory is read now; GPU kernels read theirs when they run.
+    if (q.device == FA_DEVICE_CPU)
+      set_dropout_keys(p.dropout, opts.dropout_rng_state[0], opts.dropout_rng_state[1]);
+    else
+      p.dropout.rng_state = opts.dropout_rng_state;
+  }
   p.stream = opts.stream;
   return FA_OK;
 }

@@ -195,5 +195,56 @@ TEST(DropoutCalls, SameSeedSameOutputNewOffsetNewOutput) {
   EXPECT_FALSE(p.out.bytes() == first);
 }
 
+// dropout_rng_state: {seed, offset} read from memory when the call runs, the same
+// mask as the two values; writing new values there changes the mask of the next call.
+TEST(DropoutCalls, RngStateInMemoryMatchesValues) {
+  Problem p = make_problem(mask_case(true, 2, 2, true));
+  fa_fwd_args by_value = p.fwd_args();
+  ASSERT_EQ(fa_fwd(&by_value, nullptr, 0), FA_OK) << fa_last_error();
+  const std::vector<unsigned char> expected = p.out.bytes();
+
+  uint64_t rng_state[2] = {~by_value.opts.dropout_seed, by_value.opts.dropout_offset + 5};
+  fa_fwd_args from_memory = by_value;
+  from_memory.opts.dropout_seed = 0;  // ignored while dropout_rng_state is set
+  from_memory.opts.dropout_offset = 0;
+  from_memory.opts.dropout_rng_state = rng_state;
+  p.out.poison();
+  ASSERT_EQ(fa_fwd(&from_memory, nullptr, 0), FA_OK) << fa_last_error();
+  EXPECT_FALSE(p.out.bytes() == expected);
+
+  rng_state[0] = by_value.opts.dropout_seed;
+  rng_state[1] = by_value.opts.dropout_offset;
+  p.out.poison();
+  ASSERT_EQ(fa_fwd(&from_memory, nullptr, 0), FA_OK) << fa_last_error();
+  EXPECT_TRUE(p.out.bytes() == expected);
+
+  fa_bwd_args bwd_value = p.bwd_args();
+  ASSERT_EQ(fa_bwd(&bwd_value, nullptr, 0), FA_OK) << fa_last_error();
+  const std::vector<unsigned char> dq = p.dq.bytes(), dk = p.dk.bytes(), dv = p.dv.bytes();
+  fa_bwd_args bwd_memory = bwd_value;
+  bwd_memory.opts.dropout_seed = 0;
+  bwd_memory.opts.dropout_offset = 0;
+  bwd_memory.opts.dropout_rng_state = rng_state;
+  p.dq.poison();
+  p.dk.poison();
+  p.dv.poison();
+  ASSERT_EQ(fa_bwd(&bwd_memory, nullptr, 0), FA_OK) << fa_last_error();
+  EXPECT_TRUE(p.dq.bytes() == dq && p.dk.bytes() == dk && p.dv.bytes() == dv);
+}
+
+TEST(DropoutCalls, MisalignedRngStateIsRejected) {
+  Problem p = make_problem(mask_case(false, 3, 3, false));
+  alignas(8) unsigned char bytes[24] = {};
+  fa_fwd_args a = p.fwd_args();
+  a.opts.dropout_rng_state = reinterpret_cast<const uint64_t*>(bytes + 4);
+  p.out.poison();
+  const std::vector<unsigned char> poisoned = p.out.bytes();
+  EXPECT_EQ(fa_fwd(&a, nullptr, 0), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("dropout_rng_state: expected an 8-byte aligned pointer"),
+            std::string::npos)
+      << fa_last_error();
+  EXPECT_TRUE(p.out.bytes() == poisoned) << "outputs must be left untouched";
+}
+
 }  // namespace
 }  // namespace fatest

@@ -117,6 +117,12 @@ typedef struct fa_options {
   int32_t deterministic;     /* backward: bitwise reproducible results */
   int32_t num_threads;       /* CPU backend: 0 means the library default */
   void* stream;              /* CUDA backend: cudaStream_t, NULL = default stream */
+  /* Optional {seed, offset}, read when the call runs instead of dropout_seed and
+   * dropout_offset: host memory for CPU tensors, memory the GPU reads (device,
+   * managed) for CUDA tensors, 8-byte aligned. A CUDA graph that captured the
+   * call then takes a new mask on each replay from what was written there.
+   * Last in the struct, so that builds before it read the fields before it. */
+  const uint64_t* dropout_rng_state;
 } fa_options;
 
 typedef struct fa_fwd_args {

@@ -52,7 +52,6 @@ struct AttnParams {
   int64_t alibi_batch_stride = 0;  // 0 for (H) slopes
 
   float dropout_p = 0.0f;
-  uint64_t dropout_seed = 0, dropout_offset = 0;
   DropoutConfig dropout;
 
   int32_t num_threads = 1;  // CPU: resolved count

@@ -42,17 +42,43 @@ struct DropoutConfig {
   uint32_t keep_threshold = 0;  // keep iff r < keep_threshold
   float keep_scale = 1.0f;      // 1 / (1 - p)
   bool enabled = false;
+  // {seed, offset} in GPU-readable memory, read by the kernel when it runs
+  // (key0, key1 and offset_word are then unset): a captured graph's replays
+  // each take the seed written there.
+  const uint64_t* rng_state = nullptr;
 };
+
+FA_HOST_DEVICE void set_dropout_keys(DropoutConfig& config, uint64_t seed, uint64_t offset) {
+  config.key0 = static_cast<uint32_t>(seed);
+  config.key1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
+  config.offset_word = static_cast<uint32_t>(offset);
+}
 
 inline DropoutConfig make_dropout_config(float p, uint64_t seed, uint64_t offset) {
   DropoutConfig config;
   config.enabled = p > 0.0f;
-  config.key0 = static_cast<uint32_t>(seed);
-  config.key1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
-  config.offset_word = static_cast<uint32_t>(offset);
+  set_dropout_keys(config, seed, offset);
   const double threshold = static_cast<double>(1.0f - p) * 4294967296.0;
   config.keep_threshold = threshold >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(threshold);
   config.keep_scale = 1.0f / (1.0f - p);
+  return config;
+}
+
+// The config with its keys in place. Kernels call it where they use the mask: on
+// the GPU the loads are volatile, so the compiler does not hoist them and keep the
+// keys live across the main loop (the register-bound kernels would spill more).
+FA_HOST_DEVICE DropoutConfig resolve_dropout_keys(DropoutConfig config) {
+  if (config.rng_state == nullptr) return config;
+  uint64_t seed, offset;
+#if defined(__CUDA_ARCH__)
+  asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(seed) : "l"(config.rng_state));
+  asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(offset) : "l"(config.rng_state + 1));
+#else
+  seed = config.rng_state[0];
+  offset = config.rng_state[1];
+#endif
+  set_dropout_keys(config, seed, offset);
+  config.rng_state = nullptr;
   return config;
 }
 

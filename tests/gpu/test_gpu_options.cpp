@@ -1,6 +1,7 @@
 // GPU-only properties: the dropout keep-mask equals the CPU mapping element
 // for element, bad input on GPU tensors fails with the CPU path's messages,
-// graph capture works with a caller workspace, and a small subset for
+// graph capture works with a caller workspace (a dropout seed read from device
+// memory changes per replay), and a small subset for
 // compute-sanitizer (GpuSanitizer.*).
 #include <gtest/gtest.h>
 
@@ -225,6 +226,87 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   EXPECT_TRUE(p.out.bytes() == out);
   EXPECT_TRUE(p.dq.bytes() == dq);
   EXPECT_TRUE(p.dk.bytes() == dk);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// dropout_rng_state in device memory: the kernels read {seed, offset} when they
+// run, so one captured forward + backward replays with whatever seed was written
+// there last, bit for bit the eager call given that seed by value.
+TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
+  FA_GPU_TEST_OR_SKIP();
+  Case c;
+  c.name = "graph_dropout_bf16";
+  c.dtype = FA_DTYPE_BF16;
+  c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 200, c.Sk = 260, c.D = 64, c.Dv = 64;
+  c.causal = true;
+  c.dropout = 0.2f;
+  Problem p = make_problem(c);
+  DeviceMirror mirror(p);
+  cudaStream_t stream = nullptr;
+  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa_fwd_args fwd = mirror.fwd_args();
+  fa_bwd_args bwd = mirror.bwd_args();
+  fwd.opts.stream = bwd.opts.stream = stream;
+  bwd.opts.deterministic = 1;  // replays compared byte for byte
+  size_t fwd_bytes = 0, bwd_bytes = 0;
+  ASSERT_EQ(fa_fwd_workspace_size(&fwd, &fwd_bytes), FA_OK);
+  ASSERT_EQ(fa_bwd_workspace_size(&bwd, &bwd_bytes), FA_OK);
+  DeviceBuffer fwd_ws(fwd_bytes), bwd_ws(bwd_bytes), rng_state(2 * sizeof(uint64_t));
+  std::vector<HostTensor*> outputs = {&p.out, &p.lse, &p.dq, &p.dk, &p.dv};
+  auto run_and_read = [&](auto&& launch) {
+    p.poison_outputs();
+    for (HostTensor* t : outputs) mirror.upload(*t);
+    launch();
+    std::vector<std::vector<unsigned char>> bytes;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return bytes;
+    for (HostTensor* t : outputs) {
+      mirror.download(*t);
+      bytes.push_back(t->bytes());
+    }
+    return bytes;
+  };
+
+  const uint64_t seeds[2][2] = {{0x0123456789ABCDEFull, 17}, {0xFEDCBA9876543210ull, (uint64_t(3) << 32) + 5}};
+  std::vector<std::vector<unsigned char>> eager[2];
+  for (int s = 0; s < 2; ++s) {
+    fa_fwd_args f = fwd;
+    fa_bwd_args b = bwd;
+    f.opts.dropout_seed = b.opts.dropout_seed = seeds[s][0];
+    f.opts.dropout_offset = b.opts.dropout_offset = seeds[s][1];
+    eager[s] = run_and_read([&] {
+      EXPECT_EQ(fa_fwd(&f, fwd_ws.data, fwd_bytes), FA_OK) << fa_last_error();
+      EXPECT_EQ(fa_bwd(&b, bwd_ws.data, bwd_bytes), FA_OK) << fa_last_error();
+    });
+    ASSERT_EQ(eager[s].size(), outputs.size());
+  }
+  EXPECT_FALSE(eager[0][0] == eager[1][0]) << "two seeds, one mask";
+
+  fwd.opts.dropout_seed = bwd.opts.dropout_seed = 0;  // ignored: the pointer wins
+  fwd.opts.dropout_offset = bwd.opts.dropout_offset = 0;
+  fwd.opts.dropout_rng_state = bwd.opts.dropout_rng_state = static_cast<const uint64_t*>(rng_state.data);
+  cudaGraph_t graph = nullptr;
+  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fa_status fwd_status = fa_fwd(&fwd, fwd_ws.data, fwd_bytes);
+  const std::string fwd_message = fa_last_error();
+  const fa_status bwd_status = fa_bwd(&bwd, bwd_ws.data, bwd_bytes);
+  const std::string bwd_message = fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(fwd_status, FA_OK) << fwd_message;
+  ASSERT_EQ(bwd_status, FA_OK) << bwd_message;
+  cudaGraphExec_t exec = nullptr;
+  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int s : {1, 0, 1}) {
+    const auto replay = run_and_read([&] {
+      EXPECT_EQ(cudaMemcpyAsync(rng_state.data, seeds[s], sizeof(seeds[s]), cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    });
+    ASSERT_EQ(replay.size(), outputs.size());
+    for (size_t t = 0; t < outputs.size(); ++t)
+      EXPECT_TRUE(replay[t] == eager[s][t]) << "seed " << s << ", output " << t << " (out, lse, dq, dk, dv)";
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

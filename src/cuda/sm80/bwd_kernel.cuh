@@ -356,8 +356,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           float dp = acc_dp[mi][ni][e], p_dropped = p;
           if (kExtras && dropout) {
-            const uint32_t jj = static_cast<uint32_t>(j);
-            const bool keep = dropout_keep(params.dropout, batch_head, static_cast<uint32_t>(i), jj);
+            const bool keep = dropout_keep(resolve_dropout_keys(params.dropout), batch_head,
+                                           static_cast<uint32_t>(i), static_cast<uint32_t>(j));
             dp = keep ? dp * keep_scale : 0.0f;
             p_dropped = keep ? p * keep_scale : 0.0f;
           }

@@ -185,10 +185,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           sum += p0 + p1;
           if (kExtras && dropout) {  // the denominator keeps every p; dropped ones leave only the numerator
             const uint32_t j0 = static_cast<uint32_t>(n0 + ni * 8 + 2 * t);
-            const Philox4 words = dropout_words(params.dropout, batch_head, static_cast<uint32_t>(i), j0 & ~3u);
+            const DropoutConfig dropout_config = resolve_dropout_keys(params.dropout);
+            const Philox4 words = dropout_words(dropout_config, batch_head, static_cast<uint32_t>(i), j0 & ~3u);
             const uint32_t lo = (j0 & 2u) ? words.z : words.x, hi = (j0 & 2u) ? words.w : words.y;
-            if (lo >= params.dropout.keep_threshold) p0 = 0.0f;
-            if (hi >= params.dropout.keep_threshold) p1 = 0.0f;
+            if (lo >= dropout_config.keep_threshold) p0 = 0.0f;
+            if (hi >= dropout_config.keep_threshold) p1 = 0.0f;
           }
         }
         const float addend = sum - row_error[mi][r];
