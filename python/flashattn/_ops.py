@@ -41,21 +41,16 @@ def _dl(t: Optional[Tensor]):
     return None if t is None else t.detach()
 
 
-def _rng(rng_state: Optional[Tensor]) -> Tuple[int, int]:
-    if rng_state is None:
-        return 0, 0
-    seed, offset = rng_state.tolist()
-    return int(seed), int(offset)
+def new_rng_state(dropout_p: float, device: torch.device) -> Optional[Tensor]:
+    """{seed, offset} of a dropout call: int64 (2,) drawn on the device's default generator, as torch's dropout does.
 
-
-def new_rng_state(dropout_p: float) -> Optional[Tensor]:
-    """(seed, offset) for a dropout call, drawn from torch's default CPU generator.
-
-    Saved by autograd with the inputs, so the backward reproduces the forward's mask exactly.
+    The library reads it when the kernels run, not when the call is made, so a CUDA graph that captured the call
+    draws a new mask on each replay (torch's generator advances under capture). Saved by autograd with the
+    inputs, so the backward reproduces the forward's mask exactly.
     """
     if dropout_p <= 0.0:
         return None
-    return torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64)
+    return torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device=device)
 
 
 def check_devices(**tensors: Optional[Tensor]) -> None:
@@ -81,10 +76,9 @@ def check_rank(name: str, t: Tensor, rank: int, layout: str) -> None:
 
 def _opts(softmax_scale, causal, top_left, window_left, window_right, softcap, dropout_p, rng_state,
           deterministic, device_tensor):
-    seed, offset = _rng(rng_state)
     return dict(softmax_scale=softmax_scale, causal=causal, top_left=top_left, window_left=window_left,
-                window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset,
-                deterministic=deterministic, num_threads=0, stream=_stream(device_tensor))
+                window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=0, offset=0,
+                rng_state=rng_state, deterministic=deterministic, num_threads=0, stream=_stream(device_tensor))
 
 
 def run_fwd(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, opts, query=False) -> int:

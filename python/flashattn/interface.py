@@ -81,8 +81,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, softma
     scale = _scale(softmax_scale, q.shape[-1])
     left, right = _window(causal, window_size)
     dv = v.shape[-1]
-    out, lse = torch.ops.flashattn.fwd(_pad8(q), _pad8(k), _pad8(v), _alibi(alibi_slopes), _ops.new_rng_state(p),
-                                       scale, bool(causal), bool(top_left), left, right, float(softcap), p,
+    rng_state = _ops.new_rng_state(p, q.device)
+    out, lse = torch.ops.flashattn.fwd(_pad8(q), _pad8(k), _pad8(v), _alibi(alibi_slopes), rng_state, scale,
+                                       bool(causal), bool(top_left), left, right, float(softcap), p,
                                        bool(deterministic))
     return (out if out.shape[-1] == dv else out[..., :dv]), lse
 
@@ -102,10 +103,11 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     scale = _scale(softmax_scale, q.shape[-1])
     left, right = _window(causal, window_size)
     dv = v.shape[-1]
+    rng_state = _ops.new_rng_state(p, q.device)
     out, lse = torch.ops.flashattn.fwd_varlen(_pad8(q), _pad8(k), _pad8(v), cu_seqlens_q, cu_seqlens_k,
-                                              int(max_seqlen_q), int(max_seqlen_k), _alibi(alibi_slopes),
-                                              _ops.new_rng_state(p), scale, bool(causal), bool(top_left), left, right,
-                                              float(softcap), p, bool(deterministic))
+                                              int(max_seqlen_q), int(max_seqlen_k), _alibi(alibi_slopes), rng_state,
+                                              scale, bool(causal), bool(top_left), left, right, float(softcap), p,
+                                              bool(deterministic))
     return (out if out.shape[-1] == dv else out[..., :dv]), lse
 
 

@@ -102,9 +102,30 @@ fa_tensor view(const char* name, const OptArray& array) {
   return t;
 }
 
+// {seed, offset} of a dropout call as an int64 tensor of two elements on q's device: the
+// library reads it when the call runs (so a captured CUDA graph replays with new seeds).
+const uint64_t* rng_state_pointer(const OptArray& rng_state, const Array& q) {
+  if (!rng_state) return nullptr;
+  const Array& a = *rng_state;
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool int64 = dt.lanes == 1 && dt.bits == 64 &&
+                     (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
+                      dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt));
+  if (!int64)
+    raise(FA_ERROR_INVALID_ARGUMENT, "rng_state: expected dtype int64, got " + dlpack_dtype_name(dt));
+  if (a.ndim() != 1 || a.shape(0) != 2 || a.stride(0) != 1)
+    raise(FA_ERROR_INVALID_ARGUMENT, "rng_state: expected 2 contiguous elements {seed, offset}, got " +
+                                         std::to_string(a.size()) + " in " + std::to_string(a.ndim()) + " dimensions");
+  if (a.device_type() != q.device_type() || a.device_id() != q.device_id())
+    raise(FA_ERROR_INVALID_ARGUMENT, "rng_state: expected the device of q (DLPack " + std::to_string(q.device_type()) +
+                                         ":" + std::to_string(q.device_id()) + "), got " +
+                                         std::to_string(a.device_type()) + ":" + std::to_string(a.device_id()));
+  return static_cast<const uint64_t*>(a.data());
+}
+
 fa_options make_options(float softmax_scale, bool causal, bool top_left, int window_left, int window_right,
-                        float softcap, float dropout_p, uint64_t seed, uint64_t offset, bool deterministic,
-                        int num_threads, uintptr_t stream) {
+                        float softcap, float dropout_p, uint64_t seed, uint64_t offset,
+                        const uint64_t* rng_state, bool deterministic, int num_threads, uintptr_t stream) {
   fa_options o;
   fa_options_init(&o);
   o.softmax_scale = softmax_scale;
@@ -116,6 +137,7 @@ fa_options make_options(float softmax_scale, bool causal, bool top_left, int win
   o.dropout_p = dropout_p;
   o.dropout_seed = seed;
   o.dropout_offset = offset;
+  o.dropout_rng_state = rng_state;
   o.deterministic = deterministic ? 1 : 0;
   o.num_threads = num_threads;
   o.stream = reinterpret_cast<void*>(stream);
@@ -155,7 +177,8 @@ size_t run_workspace(const OptArray& workspace, const nb::object& allocate, size
 size_t fwd(Array q, Array k, Array v, Array out, OptArray lse, OptArray cu_seqlens_q, OptArray cu_seqlens_k,
            int max_seqlen_q, int max_seqlen_k, OptArray alibi_slopes, float softmax_scale, bool causal, bool top_left,
            int window_left, int window_right, float softcap, float dropout_p, uint64_t seed, uint64_t offset,
-           bool deterministic, int num_threads, uintptr_t stream, OptArray workspace, nb::object allocate, bool query) {
+           bool deterministic, int num_threads, uintptr_t stream, OptArray workspace, nb::object allocate, bool query,
+           OptArray rng_state) {
   fa_fwd_args args;
   fa_fwd_args_init(&args);
   args.q = view("q", q);
@@ -169,7 +192,7 @@ size_t fwd(Array q, Array k, Array v, Array out, OptArray lse, OptArray cu_seqle
   args.max_seqlen_k = max_seqlen_k;
   args.alibi_slopes = view("alibi_slopes", alibi_slopes);
   args.opts = make_options(softmax_scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
-                           deterministic, num_threads, stream);
+                           rng_state_pointer(rng_state, q), deterministic, num_threads, stream);
   size_t needed = 0;
   check(fa_fwd_workspace_size(&args, &needed));
   return run_workspace(
@@ -181,7 +204,7 @@ size_t bwd(Array dout, Array q, Array k, Array v, Array out, Array lse, Array dq
            OptArray cu_seqlens_q, OptArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, OptArray alibi_slopes,
            float softmax_scale, bool causal, bool top_left, int window_left, int window_right, float softcap,
            float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, int num_threads, uintptr_t stream,
-           OptArray workspace, nb::object allocate, bool query) {
+           OptArray workspace, nb::object allocate, bool query, OptArray rng_state) {
   fa_bwd_args args;
   fa_bwd_args_init(&args);
   args.dout = view("dout", dout);
@@ -199,7 +222,7 @@ size_t bwd(Array dout, Array q, Array k, Array v, Array out, Array lse, Array dq
   args.max_seqlen_k = max_seqlen_k;
   args.alibi_slopes = view("alibi_slopes", alibi_slopes);
   args.opts = make_options(softmax_scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed, offset,
-                           deterministic, num_threads, stream);
+                           rng_state_pointer(rng_state, q), deterministic, num_threads, stream);
   size_t needed = 0;
   check(fa_bwd_workspace_size(&args, &needed));
   return run_workspace(
@@ -231,7 +254,7 @@ size_t fwd_kvcache(Array q, Array k_cache, Array v_cache, OptArray k_new, OptArr
   args.out = view("out", out);
   args.lse = view("lse", lse);
   args.num_splits = num_splits;
-  args.opts = make_options(softmax_scale, causal, false, window_left, window_right, softcap, 0.0f, 0, 0, false,
+  args.opts = make_options(softmax_scale, causal, false, window_left, window_right, softcap, 0.0f, 0, 0, nullptr, false,
                            num_threads, stream);
   size_t needed = 0;
   check(fa_fwd_kvcache_workspace_size(&args, &needed));
@@ -251,6 +274,7 @@ NB_MODULE(_C, m) {
         nb::arg("top_left"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("num_threads"),
         nb::arg("stream"), nb::arg("workspace").none(), nb::arg("allocate").none() = nb::none(), nb::arg("query") = false,
+        nb::arg("rng_state").none() = nb::none(),
         "Forward pass (query=True: only return the exact workspace bytes).");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
@@ -258,6 +282,7 @@ NB_MODULE(_C, m) {
         nb::arg("causal"), nb::arg("top_left"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("num_threads"),
         nb::arg("stream"), nb::arg("workspace").none(), nb::arg("allocate").none() = nb::none(), nb::arg("query") = false,
+        nb::arg("rng_state").none() = nb::none(),
         "Backward pass (query=True: only return the exact workspace bytes).");
   m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k").none(),
         nb::arg("v").none(), nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),

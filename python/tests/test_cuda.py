@@ -127,3 +127,49 @@ def test_training_step_replays_from_a_cuda_graph():
         graph.replay()
         for name, got, want in zip(("out", "dq", "dk", "dv"), captured, step(*fresh, dout)):
             assert torch.equal(got, want), f"{name} of the replay differs from the eager call"
+
+
+@requires_cuda
+def test_dropout_step_draws_a_new_mask_on_each_graph_replay(monkeypatch):
+    """With dropout, the captured forward and backward read {seed, offset} from a CUDA tensor that torch's generator
+    refills on each replay: every replay drops another mask, and gives the eager call's output and gradients for
+    the seed it drew, bit for bit."""
+    drawn, forced = [], []
+    draw = flashattn._ops.new_rng_state
+
+    def recording_draw(dropout_p, device):
+        state = forced[-1] if forced else draw(dropout_p, device)
+        drawn.append(state)
+        return state
+
+    monkeypatch.setattr(flashattn._ops, "new_rng_state", recording_draw)
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(2, 256, 4, 64, **cuda).requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 256, 4, 64, **cuda)
+
+    def step():
+        out = flashattn.flash_attn_func(q, k, v, dropout_p=0.2, causal=True, deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    captured_state = drawn[-1]
+    assert captured_state.is_cuda
+    seeds, outs = set(), []
+    for replay in range(3):
+        graph.replay()
+        state = captured_state.clone()
+        seeds.add(tuple(state.tolist()))
+        outs.append(captured[0].clone())
+        forced.append(state)
+        for name, got, want in zip(("out", "dq", "dk", "dv"), captured, step()):
+            assert torch.equal(got, want), f"replay {replay}: {name} differs from the eager call with its seed"
+        forced.clear()
+    assert len(seeds) == 3, "each replay must draw its own {seed, offset}"
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])

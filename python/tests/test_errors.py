@@ -93,6 +93,20 @@ def _c_fwd(q, k, v, out, lse=None, **kw):
     return _C.fwd(q, k, v, out, lse, None, None, 0, 0, None, **args)
 
 
+def test_c_rng_state_tensor_matches_seed_values():
+    q, k, v = (torch.randn(1, 9, 2, 16) for _ in range(3))
+    no_dropout, by_value, from_tensor = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+    _c_fwd(q, k, v, no_dropout)
+    _c_fwd(q, k, v, by_value, dropout_p=0.3, seed=2**40 + 7, offset=3)
+    # The tensor wins over the seed and offset values.
+    _c_fwd(q, k, v, from_tensor, dropout_p=0.3, rng_state=torch.tensor([2**40 + 7, 3]))
+    assert torch.equal(by_value, from_tensor) and not torch.equal(by_value, no_dropout)
+    with pytest.raises(TypeError, match=r"^rng_state: expected dtype int64, got int32"):
+        _c_fwd(q, k, v, from_tensor, dropout_p=0.3, rng_state=torch.tensor([1, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^rng_state: expected 2 contiguous elements \{seed, offset\}, got 3"):
+        _c_fwd(q, k, v, from_tensor, dropout_p=0.3, rng_state=torch.tensor([1, 3, 4]))
+
+
 def test_dlpack_from_numpy():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 9, 2, 16), dtype=np.float32) for _ in range(3))
