@@ -42,6 +42,7 @@ class FaOptions(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("dropout_rng_state", ctypes.c_void_p),  # absent in builds before it: read by none of them
     ]
 
 
@@ -121,32 +122,38 @@ class FlashAttn:
             raise RuntimeError(f"{what} failed ({status}): {self.lib.fa_last_error().decode()}")
 
     @staticmethod
-    def _options(opts, on_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads):
+    def _options(opts, on_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads, softcap,
+                 rng_state):
         opts.causal = 1 if causal else 0
         opts.num_threads = num_threads
         opts.deterministic = 1 if deterministic else 0
         opts.softmax_scale = softmax_scale
+        opts.softcap = softcap
         opts.dropout_p = dropout_p
         opts.dropout_seed = seed
+        opts.dropout_rng_state = None if rng_state is None else rng_state.data_ptr()
         opts.stream = torch.cuda.current_stream().cuda_stream if on_cuda else None
 
     def fwd_args(self, q, k, v, out, lse=None, causal=False, softmax_scale=0.0, dropout_p=0.0, seed=0,
-                 num_threads=0):
+                 num_threads=0, softcap=0.0, rng_state=None):
+        """rng_state: an int64 tensor {seed, offset} read when the call runs (instead of seed)."""
         args = FaFwdArgs()
         self.lib.fa_fwd_args_init(ctypes.byref(args))
         args.q, args.k, args.v = self.tensor(q), self.tensor(k), self.tensor(v)
         args.out, args.lse = self.tensor(out), self.tensor(lse)
-        self._options(args.opts, q.is_cuda, causal, False, softmax_scale, dropout_p, seed, num_threads)
+        self._options(args.opts, q.is_cuda, causal, False, softmax_scale, dropout_p, seed, num_threads, softcap,
+                      rng_state)
         return args
 
     def bwd_args(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False, softmax_scale=0.0,
-                 dropout_p=0.0, seed=0, num_threads=0):
+                 dropout_p=0.0, seed=0, num_threads=0, softcap=0.0, rng_state=None):
         args = FaBwdArgs()
         self.lib.fa_bwd_args_init(ctypes.byref(args))
         args.dout, args.q, args.k, args.v = self.tensor(dout), self.tensor(q), self.tensor(k), self.tensor(v)
         args.out, args.lse = self.tensor(out), self.tensor(lse)
         args.dq, args.dk, args.dv = self.tensor(dq), self.tensor(dk), self.tensor(dv)
-        self._options(args.opts, q.is_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads)
+        self._options(args.opts, q.is_cuda, causal, deterministic, softmax_scale, dropout_p, seed, num_threads,
+                      softcap, rng_state)
         return args
 
     def fwd_workspace_size(self, args):

@@ -10,7 +10,8 @@
 # Environment knobs:
 #   FA_STAGES="build test sanitize bench cpu"  stages to run (default; also "alt": A/B tile builds,
 #                                            "python": pip install, then FA_PYTHON_PARTS (default "pytest cli
-#                                              train": pytest on CUDA, bench CLI plots, train_gpt); FA_PIP_ARGS: more
+#                                              train": pytest on CUDA (FA_PYTEST_FILES: only these files of
+#                                              python/tests), bench CLI plots, train_gpt); FA_PIP_ARGS: more
 #                                              pip arguments, e.g. --config-settings=cmake.define.FLASHATTN_CUDA_GENCODE=...
 #                                            "profile": ncu on the backward kernel (FA_PROFILE_VARIANTS:
 #                                              comma-separated profile_bwd.py flags; FA_NCU_ARGS: more ncu
@@ -25,6 +26,7 @@
 #                                              (dev/decode_diagnostic_trees.py timeline ...), hdim 128 builds,
 #                                            "overhead": host cost of the Python op layer on CUDA,
 #                                            "reference": A/B against FA_REFERENCE_SRC in one process,
+#                                            "extrasab": softcap/dropout kernels against build-ref (reference stage),
 #                                            "variants": builds with FA_VARIANTS' defines, A/B in one process)
 #   FA_HEADDIMS="64;128;192;256"            head-dim classes to compile
 #   FA_GENCODE=""                            CMake's FLASHATTN_CUDA_GENCODE (default: sm_80 + sm_90a)
@@ -161,6 +163,18 @@ if has_stage reference; then
     note "== reference A/B: exit $?, $(( $(date +%s) - start )) s"
     cp /tmp/reference_bench/bench_gpu.json "$OUT/bench_gpu_reference.json"
   fi
+fi
+
+# The kernels' extras variant (softcap, dropout; dropout also with its seed read from device memory)
+# against build-ref (the reference stage, FA_REFERENCE_BENCH=0 to build it only), same rounds, bf16; each
+# cell checks that both builds give the same bytes (bench/gpu/bench_extras_ab.py; FA_EXTRAS_ARGS: its
+# --dims/--lengths).
+if has_stage extrasab; then
+  start=$(date +%s)
+  PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_EXTRAS_TIMEOUT:-240}" \
+    python3 bench/gpu/bench_extras_ab.py --out "$OUT" --reference-lib "$PWD/build-ref/libflashattn.so" \
+    ${FA_EXTRAS_ARGS:-} >"$OUT/bench_extras_ab.txt" 2>>"$OUT/bench_stderr.log"
+  note "== extras A/B: exit $?, $(( $(date +%s) - start )) s"
 fi
 
 # Issue 5's forward table (N = 1k, 4k, 8k, 16k): ours, one tile per CTA and persistent, FA2, cuDNN, and
@@ -330,9 +344,12 @@ if has_stage python; then
   if [[ "$parts" == *" pytest "* ]]; then
     start=$(date +%s)
     # -rfEs lists each failure, error and skip (with its reason): on a GPU only the CPU-only cases should skip.
+    # FA_PYTEST_FILES: test files under python/tests instead of all of them.
+    targets=("$PWD/python/tests")
+    [ -n "${FA_PYTEST_FILES:-}" ] && read -r -a targets <<<"$(printf "$PWD/python/tests/%s " $FA_PYTEST_FILES)"
     (cd /tmp && PYTHONUNBUFFERED=1 timeout "${FA_PYTEST_TIMEOUT:-240}" python3 -m pytest -q -rfEs -p no:cacheprovider \
-      "$OLDPWD/python/tests" >"$OUT/pytest_cuda.log" 2>&1)
-    note "== pytest python/tests (CUDA): exit $? in $(( $(date +%s) - start )) s: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_cuda.log" | tail -1)"
+      "${targets[@]}" >"$OUT/pytest_cuda.log" 2>&1)
+    note "== pytest ${FA_PYTEST_FILES:-python/tests} (CUDA): exit $? in $(( $(date +%s) - start )) s: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_cuda.log" | tail -1)"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda.log" | head -20 >>"$SUMMARY"
     grep -E "^SKIPPED" "$OUT/pytest_cuda.log" | cut -c1-160 >>"$SUMMARY"
   fi
@@ -366,7 +383,7 @@ fi
 # At most 8 files come back: keep the summary, the table and the benchmark JSON; pack the rest.
 keep=(summary.txt bench_table.txt bench_gpu.json bench_decode.json bench_gpu_fwd.json bench_fwd_table.txt
   bench_reference.txt bench_gpu_reference.json bench_variants.txt bench_variants.json decode_table.txt
-  decode_fixed_cost.json read_floor.json)
+  decode_fixed_cost.json read_floor.json bench_extras_ab.txt bench_extras_ab.json)
 # (The archive is written outside $OUT: tar fails on a directory that changes as it reads it.)
 (cd "$OUT" && tar czf /tmp/fa_logs.tar.gz "${keep[@]/#/--exclude=}" . && mv /tmp/fa_logs.tar.gz logs.tar.gz &&
   find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz $(printf ' ! -name %s' "${keep[@]}") -exec rm -rf {} +)
@@ -376,5 +393,6 @@ cat "$SUMMARY"
 [ -f "$OUT/bench_fwd_table.txt" ] && cat "$OUT/bench_fwd_table.txt"
 [ -f "$OUT/bench_reference.txt" ] && cat "$OUT/bench_reference.txt"
 [ -f "$OUT/bench_variants.txt" ] && cat "$OUT/bench_variants.txt"
+[ -f "$OUT/bench_extras_ab.txt" ] && cat "$OUT/bench_extras_ab.txt"
 [ -f "$OUT/decode_table.txt" ] && tail -40 "$OUT/decode_table.txt"
 exit 0
