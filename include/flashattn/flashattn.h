@@ -36,7 +36,8 @@
  *     r       = philox4x32_10(counter, key)[j % 4]
  *     keep    = r < threshold,  threshold = floor((1 - p) * 2^32) clamped to 2^32 - 1,
  *               with 1 - p evaluated in fp32
- * Kept probabilities are scaled by 1 / (1 - p) (fp32).
+ * Kept probabilities are scaled by 1 / (1 - p) (fp32). seed and offset are
+ * fa_options' values, or the two words at fa_options.dropout_rng_state.
  *
  * Non-finite inputs are computed, not rejected: a NaN in a Q row or in a key
  * that a row sees reaches that row's O and LSE. As in flash-attn and in a
