@@ -42,15 +42,29 @@ def _dl(t: Optional[Tensor]):
 
 
 def new_rng_state(dropout_p: float, device: torch.device) -> Optional[Tensor]:
-    """{seed, offset} of a dropout call: int64 (2,) drawn on the device's default generator, as torch's dropout does.
+    """{seed, offset} of a dropout call, an int64 (2,) tensor saved by autograd with the inputs, so that the
+    backward reproduces the forward's mask exactly.
 
-    The library reads it when the kernels run, not when the call is made, so a CUDA graph that captured the call
-    draws a new mask on each replay (torch's generator advances under capture). Saved by autograd with the
-    inputs, so the backward reproduces the forward's mask exactly.
+    Eagerly it is drawn on torch's default CPU generator and passed by value. While a CUDA graph is being
+    captured it is drawn on the CUDA generator, which torch advances on every replay, and stays on the GPU: the
+    kernels read it when they run (fa_options.dropout_rng_state), so each replay drops a new mask. By value
+    the kernels take the keys from their parameters; read from memory they hold them in registers, which the
+    dropout kernels pay for in speed (BENCHMARKS.md session 46), hence by value where it can be.
     """
     if dropout_p <= 0.0:
         return None
-    return torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device=device)
+    on_gpu = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return torch.randint(0, _RNG_HIGH, (2,), dtype=torch.int64, device=device if on_gpu else "cpu")
+
+
+def _rng(rng_state: Optional[Tensor]) -> dict:
+    """The _C arguments of a rng_state: its values when on the CPU, else the tensor the kernels read."""
+    if rng_state is None:
+        return dict(seed=0, offset=0, rng_state=None)
+    if rng_state.device.type == "cpu":
+        seed, offset = rng_state.tolist()
+        return dict(seed=int(seed), offset=int(offset), rng_state=None)
+    return dict(seed=0, offset=0, rng_state=rng_state)
 
 
 def check_devices(**tensors: Optional[Tensor]) -> None:
@@ -77,8 +91,8 @@ def check_rank(name: str, t: Tensor, rank: int, layout: str) -> None:
 def _opts(softmax_scale, causal, top_left, window_left, window_right, softcap, dropout_p, rng_state,
           deterministic, device_tensor):
     return dict(softmax_scale=softmax_scale, causal=causal, top_left=top_left, window_left=window_left,
-                window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=0, offset=0,
-                rng_state=rng_state, deterministic=deterministic, num_threads=0, stream=_stream(device_tensor))
+                window_right=window_right, softcap=softcap, dropout_p=dropout_p, **_rng(rng_state),
+                deterministic=deterministic, num_threads=0, stream=_stream(device_tensor))
 
 
 def run_fwd(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, opts, query=False) -> int:

@@ -144,21 +144,21 @@ def test_dropout_step_draws_a_new_mask_on_each_graph_replay(monkeypatch):
 
     monkeypatch.setattr(flashattn._ops, "new_rng_state", recording_draw)
     cuda = dict(device="cuda", dtype=torch.bfloat16)
-    q, k, v = (torch.randn(2, 256, 4, 64, **cuda).requires_grad_() for _ in range(3))
+    static = [torch.randn(2, 256, 4, 64, **cuda).requires_grad_() for _ in range(3)]
     dout = torch.randn(2, 256, 4, 64, **cuda)
 
-    def step():
+    def step(q, k, v):
         out = flashattn.flash_attn_func(q, k, v, dropout_p=0.2, causal=True, deterministic=True)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()
+        step(*static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = step()
+        captured = step(*static)
     captured_state = drawn[-1]
     assert captured_state.is_cuda
     seeds, outs = set(), []
@@ -168,7 +168,8 @@ def test_dropout_step_draws_a_new_mask_on_each_graph_replay(monkeypatch):
         seeds.add(tuple(state.tolist()))
         outs.append(captured[0].clone())
         forced.append(state)
-        for name, got, want in zip(("out", "dq", "dk", "dv"), captured, step()):
+        eager_inputs = [x.detach().clone().requires_grad_() for x in static]
+        for name, got, want in zip(("out", "dq", "dk", "dv"), captured, step(*eager_inputs)):
             assert torch.equal(got, want), f"replay {replay}: {name} differs from the eager call with its seed"
         forced.clear()
     assert len(seeds) == 3, "each replay must draw its own {seed, offset}"

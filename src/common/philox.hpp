@@ -64,20 +64,10 @@ inline DropoutConfig make_dropout_config(float p, uint64_t seed, uint64_t offset
   return config;
 }
 
-// The config with its keys in place. Kernels call it where they use the mask: on
-// the GPU the loads are volatile, so the compiler does not hoist them and keep the
-// keys live across the main loop (the register-bound kernels would spill more).
+// The config with its keys in place: read from rng_state when the call gave one.
 FA_HOST_DEVICE DropoutConfig resolve_dropout_keys(DropoutConfig config) {
   if (config.rng_state == nullptr) return config;
-  uint64_t seed, offset;
-#if defined(__CUDA_ARCH__)
-  asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(seed) : "l"(config.rng_state));
-  asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(offset) : "l"(config.rng_state + 1));
-#else
-  seed = config.rng_state[0];
-  offset = config.rng_state[1];
-#endif
-  set_dropout_keys(config, seed, offset);
+  set_dropout_keys(config, config.rng_state[0], config.rng_state[1]);
   config.rng_state = nullptr;
   return config;
 }

@@ -168,11 +168,11 @@ __device__ __forceinline__ void store_release(int* pointer, int value) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(pointer), "r"(value) : "memory");
 }
 
-// kExtras: softcap, ALiBi or dropout present (a kernel flag chosen at launch,
-// so the plain kernel has its own register allocation).
-template <class Traits, bool kExtras>
+// kVariant: see Extras (kernel_traits.cuh).
+template <class Traits, Extras kVariant>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ BwdPass pass) {
+  constexpr bool kExtras = kVariant != Extras::kNone;
   using T = typename Traits::T;
   using TileKV = typename Traits::TileKV;
   using TileQ = typename Traits::TileQ;
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int* pending_release = nullptr;  // deterministic mode: the semaphore this CTA still has to release
   int pending_value = 0;
-  auto compute_item = [&](int stage, int h, int m_block, auto masked) {
+  auto compute_item = [&](int stage, int h, int m_block, auto masked, const DropoutConfig& dropout_config) {
     constexpr bool kMasked = decltype(masked)::value;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const T* sQs = sQ + stage * TileQ::kElements;
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           float dp = acc_dp[mi][ni][e], p_dropped = p;
           if (kExtras && dropout) {
-            const bool keep = dropout_keep(resolve_dropout_keys(params.dropout), batch_head,
+            const bool keep = dropout_keep(dropout_config, batch_head,
                                            static_cast<uint32_t>(i), static_cast<uint32_t>(j));
             dp = keep ? dp * keep_scale : 0.0f;
             p_dropped = keep ? p * keep_scale : 0.0f;
@@ -437,8 +437,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (kStages == 2 && has_next) load_item(stage ^ 1, next_h, next_m);
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const bool visible = mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
-    if (visible) compute_item(stage, h, m_block, std::false_type{});
-    else compute_item(stage, h, m_block, std::true_type{});
+    auto compute = [&](auto masked) {
+      if constexpr (kVariant == Extras::kSeedInMemory)
+        compute_item(stage, h, m_block, masked, resolve_dropout_keys(params.dropout));
+      else
+        compute_item(stage, h, m_block, masked, params.dropout);
+    };
+    if (visible) compute(std::false_type{});
+    else compute(std::true_type{});
     if (kStages == 1 && has_next) {
       __syncthreads();  // every warp is done with Q, dO
       load_item(0, next_h, next_m);

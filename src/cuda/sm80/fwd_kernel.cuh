@@ -31,11 +31,10 @@ struct FwdTraits {
   static constexpr int kSmemBytes = TileQ::kBytes + 2 * kStages * TileKV::kBytes;
 };
 
-// kExtras: softcap, ALiBi or dropout present. A kernel template flag (chosen
-// at launch), so the plain kernel gets its own register allocation and no
-// per-element code for options it does not use.
-template <class Traits, bool kExtras>
+// kVariant: see Extras (kernel_traits.cuh).
+template <class Traits, Extras kVariant>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
+  constexpr bool kExtras = kVariant != Extras::kNone;
   using T = typename Traits::T;
   using TileQ = typename Traits::TileQ;
   using TileKV = typename Traits::TileKV;
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   if (n_block_max - 2 >= n_block_min) load_kv(n_block_max - 2, 1);
   cp_async_commit();
 
-  auto step = [&](int n_block, auto masked) {
+  auto step = [&](int n_block, auto masked, const DropoutConfig& dropout_config) {
     constexpr bool kMasked = decltype(masked)::value;
     const int n0 = n_block * kBlockN;
     const int stage = (n_block_max - 1 - n_block) & 1;
@@ -185,7 +184,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           sum += p0 + p1;
           if (kExtras && dropout) {  // the denominator keeps every p; dropped ones leave only the numerator
             const uint32_t j0 = static_cast<uint32_t>(n0 + ni * 8 + 2 * t);
-            const DropoutConfig dropout_config = resolve_dropout_keys(params.dropout);
             const Philox4 words = dropout_words(dropout_config, batch_head, static_cast<uint32_t>(i), j0 & ~3u);
             const uint32_t lo = (j0 & 2u) ? words.z : words.x, hi = (j0 & 2u) ? words.w : words.y;
             if (lo >= dropout_config.keep_threshold) p0 = 0.0f;
@@ -214,10 +212,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   auto visible_tile = [&](int n_block) {
     return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
   };
-  int n_block = n_block_max - 1;
-  for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
-  for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
-  for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
+  auto main_loop = [&](const DropoutConfig& dropout_config) {
+    int n_block = n_block_max - 1;
+    for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{}, dropout_config);
+    for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{}, dropout_config);
+    for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{}, dropout_config);
+  };
+  if constexpr (kVariant == Extras::kSeedInMemory) main_loop(resolve_dropout_keys(params.dropout));
+  else main_loop(params.dropout);
 
   // Epilogue: one final rescale by 1 / row_sum (and 1 / (1 - p) for dropout),
   // O through this warp's own rows of sQ (no other warp reads them any more),

@@ -18,6 +18,19 @@ using cuda::fwd_tile_config;
 
 constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// What a kernel computes beyond plain attention: a template argument chosen at
+// launch, so that each variant gets its own register allocation and no
+// per-element code for options it does not use.
+//   kNone          no softcap, ALiBi or dropout
+//   kOptions       softcap, ALiBi or dropout, the dropout keys read from the
+//                  kernel parameters where they are used
+//   kSeedInMemory  the same, the keys made from {seed, offset} in device memory
+//                  (dropout_rng_state) and held in registers. A variant of its
+//                  own: as two copies of the main loop in one kernel, both ran
+//                  fwd+bwd at 0.74-0.90x of the previous build (H100, session
+//                  46); apart, kNone and kOptions compile to the same SASS.
+enum class Extras { kNone, kOptions, kSeedInMemory };
+
 // Where sequence b starts and how long it is. Dense: rows start at 0 and the
 // batch stride moves between sequences; varlen: cu_seqlens (device memory)
 // give the first row and the batch stride is 0.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/element_type.cuh"
 #include "cuda/launch.hpp"
@@ -23,15 +24,29 @@ fa_status prepare_smem(Kernel kernel, int smem_bytes, int device_index, const ch
   return FA_OK;
 }
 
-// Softcap, ALiBi or dropout: the kernels' kExtras variant.
-inline bool has_extras(const AttnParams& params) {
-  return params.softcap > 0.0f || params.alibi_slopes != nullptr || params.dropout.enabled;
+// The kernels' variant (sm80::Extras) for the call's options.
+inline sm80::Extras extras_of(const AttnParams& params) {
+  if (params.dropout.enabled && params.dropout.rng_state != nullptr) return sm80::Extras::kSeedInMemory;
+  const bool extras = params.softcap > 0.0f || params.alibi_slopes != nullptr || params.dropout.enabled;
+  return extras ? sm80::Extras::kOptions : sm80::Extras::kNone;
+}
+
+// select(std::integral_constant<sm80::Extras, variant>{}) for the call's variant:
+// the kernel instance to launch.
+template <class Select>
+auto for_extras(const AttnParams& params, Select select) {
+  using sm80::Extras;
+  switch (extras_of(params)) {
+    case Extras::kSeedInMemory: return select(std::integral_constant<Extras, Extras::kSeedInMemory>{});
+    case Extras::kOptions: return select(std::integral_constant<Extras, Extras::kOptions>{});
+    default: return select(std::integral_constant<Extras, Extras::kNone>{});
+  }
 }
 
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = sm80::FwdTraits<typename ElementOf<Tag>::type, kHeadDim, kMaskDiagonal>;
-  auto kernel = has_extras(params) ? sm80::fwd_kernel<Traits, true> : sm80::fwd_kernel<Traits, false>;
+  auto kernel = for_extras(params, [](auto variant) { return sm80::fwd_kernel<Traits, decltype(variant)::value>; });
   FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "forward kernel"));
   const dim3 grid(static_cast<unsigned>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                   static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch));
@@ -91,7 +106,7 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
 template <class Traits>
 fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
   using T = typename Traits::T;
-  auto kernel = has_extras(params) ? sm80::bwd_kernel<Traits, true> : sm80::bwd_kernel<Traits, false>;
+  auto kernel = for_extras(params, [](auto variant) { return sm80::bwd_kernel<Traits, decltype(variant)::value>; });
   FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "backward kernel"));
   const int group = static_cast<int>(params.heads / params.heads_kv);
   return run_bwd_passes<T, Traits::kHeadDim>(
