@@ -42,7 +42,7 @@ class FaOptions(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
-        ("dropout_rng_state", ctypes.c_void_p),  # absent in builds before it: read by none of them
+        ("dropout_rng_state", ctypes.c_void_p),  # last: older builds lack it and read the fields before it
     ]
 
 

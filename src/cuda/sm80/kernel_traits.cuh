@@ -27,7 +27,7 @@ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 //   kSeedInMemory  the same, the keys made from {seed, offset} in device memory
 //                  (dropout_rng_state) and held in registers. A variant of its
 //                  own: as two copies of the main loop in one kernel, both ran
-//                  fwd+bwd at 0.74-0.90x of the previous build (H100, session
+//                  fwd+bwd at 0.74-0.93x of the previous build (H100, session
 //                  46); apart, kNone and kOptions compile to the same SASS.
 enum class Extras { kNone, kOptions, kSeedInMemory };
 
