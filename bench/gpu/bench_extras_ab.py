@@ -18,33 +18,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_gpu import flops, time_interleaved  # noqa: E402
+from bench_gpu import Ours, flops, time_interleaved  # noqa: E402
 from fa_ctypes import FlashAttn  # noqa: E402
 
 SEED = 0x5DEECE66D  # offset 0: fa_ctypes passes no offset by value
 VARIANTS = {"softcap": dict(softcap=30.0), "dropout": dict(dropout_p=0.1, seed=SEED)}
 
 
-class Call:
-    """One library's fwd and fwd+bwd on shared inputs, with its own outputs and workspaces."""
+class Call(Ours):
+    """bench_gpu's runner of one library with the variant's options; results() for the byte comparison."""
 
     def __init__(self, fa, q, k, v, dout, causal, options, deterministic=False):
-        self.fa = fa
-        B, N, H, _ = q.shape
-        self.out, self.lse = torch.empty_like(q), torch.empty(B, H, N, device=q.device, dtype=torch.float32)
-        self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self.fwd_args = fa.fwd_args(q, k, v, self.out, self.lse, causal=causal, **options)
-        self.bwd_args = fa.bwd_args(dout, q, k, v, self.out, self.lse, self.dq, self.dk, self.dv, causal=causal,
-                                    deterministic=deterministic, **options)
-        self.fwd_ws = torch.empty(fa.fwd_workspace_size(self.fwd_args), dtype=torch.uint8, device=q.device)
-        self.bwd_ws = torch.empty(fa.bwd_workspace_size(self.bwd_args), dtype=torch.uint8, device=q.device)
-
-    def fwd(self):
-        self.fa.fwd(self.fwd_args, self.fwd_ws)
-
-    def fwdbwd(self):
-        self.fa.fwd(self.fwd_args, self.fwd_ws)
-        self.fa.bwd(self.bwd_args, self.bwd_ws)
+        super().__init__(fa, q, k, v, dout, causal, deterministic=deterministic, options=options)
 
     def results(self):
         return (self.out, self.lse, self.dq, self.dk, self.dv)

@@ -91,15 +91,17 @@ def flops(B, H, N, D, causal, mode):
 class Ours:
     """fa_fwd / fa_bwd on (B, N, H, D) storage with workspaces allocated once (through torch)."""
 
-    def __init__(self, fa, q, k, v, dout, causal, deterministic=False):
+    def __init__(self, fa, q, k, v, dout, causal, deterministic=False, options=None):
+        """options: more fa_ctypes arguments of both calls (softcap, dropout_p, seed, rng_state)."""
         self.fa = fa
         B, N, H, D = q.shape
         self.out = torch.empty_like(q)
         self.lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
         self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self.fwd_args = fa.fwd_args(q, k, v, self.out, self.lse, causal=causal)
+        options = options or {}
+        self.fwd_args = fa.fwd_args(q, k, v, self.out, self.lse, causal=causal, **options)
         self.bwd_args = fa.bwd_args(dout, q, k, v, self.out, self.lse, self.dq, self.dk, self.dv, causal=causal,
-                                    deterministic=deterministic)
+                                    deterministic=deterministic, **options)
         self.fwd_ws = torch.empty(fa.fwd_workspace_size(self.fwd_args), dtype=torch.uint8, device=q.device)
         self.bwd_ws = torch.empty(fa.bwd_workspace_size(self.bwd_args), dtype=torch.uint8, device=q.device)
 

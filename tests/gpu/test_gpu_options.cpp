@@ -175,6 +175,29 @@ TEST(GpuBadInput, Fp32IsNotSupportedOnCuda) {
   EXPECT_NE(std::string(fa_last_error()).find("not supported on CUDA"), std::string::npos) << fa_last_error();
 }
 
+// fwd then bwd, with the caller's workspaces, captured on stream into an
+// executable graph. An eager call must come first: it sets the kernels'
+// shared-memory attributes, and capture records launches only.
+::testing::AssertionResult capture_fwd_bwd(cudaStream_t stream, const fa_fwd_args& fwd, const DeviceBuffer& fwd_ws,
+                                           const fa_bwd_args& bwd, const DeviceBuffer& bwd_ws, cudaGraphExec_t* exec) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaStreamBeginCapture failed";
+  const fa_status fwd_status = fa_fwd(&fwd, fwd_ws.data, fwd_ws.bytes);
+  const std::string fwd_message = fa_last_error();
+  const fa_status bwd_status = fa_bwd(&bwd, bwd_ws.data, bwd_ws.bytes);
+  const std::string bwd_message = fa_last_error();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (fwd_status != FA_OK) return ::testing::AssertionFailure() << "fa_fwd under capture: " << fwd_message;
+  if (bwd_status != FA_OK) return ::testing::AssertionFailure() << "fa_bwd under capture: " << bwd_message;
+  if (end != cudaSuccess) return ::testing::AssertionFailure() << "cudaStreamEndCapture: " << cudaGetErrorString(end);
+  const cudaError_t instantiated = cudaGraphInstantiate(exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph does not need it
+  if (instantiated != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaGraphInstantiate: " << cudaGetErrorString(instantiated);
+  return ::testing::AssertionSuccess();
+}
+
 // With a caller workspace the forward and backward capture into a CUDA graph
 // (no allocation, no synchronization inside) and the replay gives the eager bits.
 TEST(GpuGraph, CaptureAndReplayMatchEager) {
@@ -206,18 +229,8 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
 
   p.poison_outputs();
   for (HostTensor* t : {&p.out, &p.dq, &p.dk}) mirror.upload(*t);
-  // The eager run set the kernels' shared-memory attributes; capture records launches only.
-  cudaGraph_t graph = nullptr;
-  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fa_status fwd_status = fa_fwd(&fwd, fwd_ws.data, fwd_bytes);
-  const std::string fwd_message = fa_last_error();
-  const fa_status bwd_status = fa_bwd(&bwd, bwd_ws.data, bwd_bytes);
-  const std::string bwd_message = fa_last_error();
-  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(fwd_status, FA_OK) << fwd_message;
-  ASSERT_EQ(bwd_status, FA_OK) << bwd_message;
   cudaGraphExec_t exec = nullptr;
-  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_TRUE(capture_fwd_bwd(stream, fwd, fwd_ws, bwd, bwd_ws, &exec));
   FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
   mirror.download(p.out);
@@ -227,7 +240,6 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   EXPECT_TRUE(p.dq.bytes() == dq);
   EXPECT_TRUE(p.dk.bytes() == dk);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
@@ -286,17 +298,8 @@ TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
   fwd.opts.dropout_seed = bwd.opts.dropout_seed = 0;  // ignored: the pointer wins
   fwd.opts.dropout_offset = bwd.opts.dropout_offset = 0;
   fwd.opts.dropout_rng_state = bwd.opts.dropout_rng_state = static_cast<const uint64_t*>(rng_state.data);
-  cudaGraph_t graph = nullptr;
-  FA_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fa_status fwd_status = fa_fwd(&fwd, fwd_ws.data, fwd_bytes);
-  const std::string fwd_message = fa_last_error();
-  const fa_status bwd_status = fa_bwd(&bwd, bwd_ws.data, bwd_bytes);
-  const std::string bwd_message = fa_last_error();
-  FA_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(fwd_status, FA_OK) << fwd_message;
-  ASSERT_EQ(bwd_status, FA_OK) << bwd_message;
   cudaGraphExec_t exec = nullptr;
-  FA_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_TRUE(capture_fwd_bwd(stream, fwd, fwd_ws, bwd, bwd_ws, &exec));
   for (int s : {1, 0, 1}) {
     const auto replay = run_and_read([&] {
       EXPECT_EQ(cudaMemcpyAsync(rng_state.data, seeds[s], sizeof(seeds[s]), cudaMemcpyHostToDevice, stream),
@@ -308,7 +311,6 @@ TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
       EXPECT_TRUE(replay[t] == eager[s][t]) << "seed " << s << ", output " << t << " (out, lse, dq, dk, dv)";
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
