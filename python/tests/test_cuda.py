@@ -43,6 +43,20 @@ def test_memory_plan_on_cuda():
     del out
 
 
+def _capture(step, warmup_args, args):
+    """step(*warmup_args) once on a side stream (the warm-up torch asks for before a capture), then step(*args)
+    captured in a CUDA graph. Returns the graph and the captured call's outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*warmup_args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*args)
+    return graph, captured
+
+
 def _decode_step(k_cache, v_cache, q, k, v, seqlens, cos, sin, block_table, num_splits):
     return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
                                              cache_seqlens=seqlens, block_table=block_table, causal=True,
@@ -73,14 +87,9 @@ def test_decode_step_replays_from_a_cuda_graph(page, num_splits):
     static_q, static_k, static_v = torch.randn(b, 1, h, d, **cuda), *torch.randn(2, b, 1, hkv, d, **cuda)
     static_lens = torch.tensor([0, 37, 100], dtype=torch.int32, device="cuda")
     inputs = (static_q, static_k, static_v, static_lens, cos, sin, table, num_splits)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture, on scratch caches: the real ones stay as they are
-        _decode_step(k_cache.clone(), v_cache.clone(), *inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graph_out, graph_lse = _decode_step(k_cache, v_cache, *inputs)
+    # The warm-up appends into scratch caches: the real ones stay as they are.
+    graph, (graph_out, graph_lse) = _capture(_decode_step, (k_cache.clone(), v_cache.clone(), *inputs),
+                                             (k_cache, v_cache, *inputs))
     assert torch.equal(k_cache, eager_k), "capturing the step ran it"
 
     previous = None
@@ -110,14 +119,7 @@ def test_training_step_replays_from_a_cuda_graph():
         out = flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*static, static_dout)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step(*static, static_dout)
+    graph, captured = _capture(step, (*static, static_dout), (*static, static_dout))
     for _ in range(2):
         fresh = [torch.randn(2, 256, 4, 64, **cuda).requires_grad_() for _ in range(3)]
         dout = torch.randn(2, 256, 4, 64, **cuda)
@@ -151,14 +153,7 @@ def test_dropout_step_draws_a_new_mask_on_each_graph_replay(monkeypatch):
         out = flashattn.flash_attn_func(q, k, v, dropout_p=0.2, causal=True, deterministic=True)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step(*static)
+    graph, captured = _capture(step, static, static)
     captured_state = drawn[-1]
     assert captured_state.is_cuda
     seeds, outs = set(), []
