@@ -4,10 +4,11 @@ previous commit): same inputs, timed in the same rounds (bench_gpu.time_interlea
 Each cell first checks that both builds give the same bytes (O, LSE, and dQ, dK, dV of a deterministic
 backward): a change that only moves registers must not move results. Dropout is timed twice for this build:
 seed by value ("ours") and read from device memory when the kernels run ("ours_rngptr",
-fa_options.dropout_rng_state), the path a captured CUDA graph takes.
+fa_options.dropout_rng_state), the path a captured CUDA graph takes. With --ref-rngptr (a reference build that
+has dropout_rng_state) the reference's seed-in-memory kernels are timed too ("ref_rngptr").
 
 usage: FLASHATTN_LIB=build/libflashattn.so python3 bench/gpu/bench_extras_ab.py --out DIR \
-           --reference-lib build-ref/libflashattn.so [--dims 64,128,256] [--lengths 4096]
+           --reference-lib build-ref/libflashattn.so [--dims 64,128,256] [--lengths 4096] [--ref-rngptr]
 """
 import argparse
 import json
@@ -35,13 +36,15 @@ class Call(Ours):
         return (self.out, self.lse, self.dq, self.dk, self.dv)
 
 
-def same_bytes(fa, reference, q, k, v, dout, causal, options, rng_state):
-    """Names of the outputs that differ between the builds (and the rng_state path), deterministic backward."""
+def same_bytes(fa, reference, q, k, v, dout, causal, options, rng_state, ref_rngptr):
+    """Names of the outputs that differ between the builds (and the rng_state paths), deterministic backward."""
     calls = {"ref": Call(reference, q, k, v, dout, causal, options, deterministic=True),
              "ours": Call(fa, q, k, v, dout, causal, options, deterministic=True)}
     if rng_state is not None:
-        calls["ours_rngptr"] = Call(fa, q, k, v, dout, causal, dict(options, seed=0, rng_state=rng_state),
-                                    deterministic=True)
+        in_memory = dict(options, seed=0, rng_state=rng_state)
+        calls["ours_rngptr"] = Call(fa, q, k, v, dout, causal, in_memory, deterministic=True)
+        if ref_rngptr:
+            calls["ref_rngptr"] = Call(reference, q, k, v, dout, causal, in_memory, deterministic=True)
     for call in calls.values():
         call.fwdbwd()
     torch.cuda.synchronize()
@@ -59,6 +62,8 @@ def main():
     parser.add_argument("--reference-lib", required=True)
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--lengths", default="4096")
+    parser.add_argument("--ref-rngptr", action="store_true",
+                        help="also time the reference build with the seed in device memory")
     args = parser.parse_args()
     fa, reference = FlashAttn(), FlashAttn(args.reference_lib)
     rng_state = torch.tensor([SEED, 0], dtype=torch.int64, device="cuda")
@@ -71,12 +76,14 @@ def main():
             for variant, options in VARIANTS.items():
                 pointer = rng_state if "dropout_p" in options else None
                 for causal in (False, True):
-                    differ = same_bytes(fa, reference, q, k, v, dout, causal, options, pointer)
+                    differ = same_bytes(fa, reference, q, k, v, dout, causal, options, pointer, args.ref_rngptr)
                     runners = {"ours": Call(fa, q, k, v, dout, causal, options),
                                "ref": Call(reference, q, k, v, dout, causal, options)}
                     if pointer is not None:
-                        runners["ours_rngptr"] = Call(fa, q, k, v, dout, causal,
-                                                      dict(options, seed=0, rng_state=pointer))
+                        in_memory = dict(options, seed=0, rng_state=pointer)
+                        runners["ours_rngptr"] = Call(fa, q, k, v, dout, causal, in_memory)
+                        if args.ref_rngptr:
+                            runners["ref_rngptr"] = Call(reference, q, k, v, dout, causal, in_memory)
                     for mode in ("fwd", "fwdbwd"):
                         medians, errors = time_interleaved({name: getattr(call, mode)
                                                             for name, call in runners.items()})
@@ -93,7 +100,8 @@ def main():
                   indent=1)
     print(f"GPU {torch.cuda.get_device_name()}; bf16; TFLOP/s of this build, the reference build and (dropout) this "
           "build reading the seed from device memory; same bytes = O, LSE, dQ, dK, dV equal to the reference's")
-    print("variant D N causal mode | ours ref ours/ref | rngptr rngptr/ours | same bytes")
+    print("variant D N causal mode | ours ref ours/ref | rngptr rngptr/ours | ref_rngptr rngptr/ref_rngptr | "
+          "same bytes")
     for r in results:
         def tf(x):
             return "-" if x is None else f"{x:.0f}"
@@ -101,9 +109,12 @@ def main():
         rng = ""
         if r.get("ours_rngptr") and r.get("ours"):
             rng = f"{tf(r['ours_rngptr'])} {r['ours_rngptr'] / r['ours']:.3f}"
+        ref_rng = ""
+        if r.get("ref_rngptr") and r.get("ours_rngptr"):
+            ref_rng = f"{tf(r['ref_rngptr'])} {r['ours_rngptr'] / r['ref_rngptr']:.3f}"
         same = "yes" if not r["differ"] else "NO: " + ",".join(r["differ"])
         print(f"{r['variant']} {r['D']} {r['N']} {'C' if r['causal'] else '-'} {r['mode']} | {tf(r.get('ours'))} "
-              f"{tf(r.get('ref'))} {ratio:.3f} | {rng} | {same}")
+              f"{tf(r.get('ref'))} {ratio:.3f} | {rng} | {ref_rng} | {same}")
 
 
 if __name__ == "__main__":

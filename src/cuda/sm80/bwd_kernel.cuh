@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int64_t q_packed0 = packed_q_row0(params, seq, b);
   const bool dropout = params.dropout.enabled;
   const float keep_scale = params.dropout.keep_scale;
+  SharedDropoutKeys* const dropout_keys = shared_dropout_keys<kVariant>();
+  stage_dropout_keys<kVariant>(dropout_keys, params.dropout, tid);  // read after the item loop's first barrier
 
   const T* k_tile = static_cast<const T*>(params.k) + row_offset(params.k_layout, b, seq.k_row0 + n0, h_kv);
   const T* v_tile = static_cast<const T*>(params.v) + row_offset(params.v_layout, b, seq.k_row0 + n0, h_kv);
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int* pending_release = nullptr;  // deterministic mode: the semaphore this CTA still has to release
   int pending_value = 0;
-  auto compute_item = [&](int stage, int h, int m_block, auto masked, const DropoutConfig& dropout_config) {
+  auto compute_item = [&](int stage, int h, int m_block, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const T* sQs = sQ + stage * TileQ::kElements;
@@ -309,6 +311,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         acc_s, sK, s_key0, sQs, s_query0, lane);
     gemm_ss<Traits::kSMTiles, Traits::kSNTiles, kHeadDim / 16, false, false, TileKV, TileQ>(
         acc_dp, sV, s_key0, sdOs, s_query0, lane);
+    const auto& dropout_config = dropout_config_of<kVariant>(params.dropout, dropout_keys);
 
     // P = exp2(s * log2_scale - lse * log2e); dS = P * (dP_dropped - delta), times
     // the softcap derivative 1 - tanh^2 when a softcap is set.
@@ -437,14 +440,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (kStages == 2 && has_next) load_item(stage ^ 1, next_h, next_m);
     const int m0 = m_block * kBlockM, rows = min(kBlockM, seq.len_q - m0);
     const bool visible = mask.tile_fully_visible(m0, m0 + rows, n0, n0 + kBlockN);
-    auto compute = [&](auto masked) {
-      if constexpr (kVariant == Extras::kSeedInMemory)
-        compute_item(stage, h, m_block, masked, resolve_dropout_keys(params.dropout));
-      else
-        compute_item(stage, h, m_block, masked, params.dropout);
-    };
-    if (visible) compute(std::false_type{});
-    else compute(std::true_type{});
+    if (visible) compute_item(stage, h, m_block, std::false_type{});
+    else compute_item(stage, h, m_block, std::true_type{});
     if (kStages == 1 && has_next) {
       __syncthreads();  // every warp is done with Q, dO
       load_item(0, next_h, next_m);

@@ -110,7 +110,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   if (n_block_max - 2 >= n_block_min) load_kv(n_block_max - 2, 1);
   cp_async_commit();
 
-  auto step = [&](int n_block, auto masked, const DropoutConfig& dropout_config) {
+  SharedDropoutKeys* const dropout_keys = shared_dropout_keys<kVariant>();
+  stage_dropout_keys<kVariant>(dropout_keys, params.dropout, tid);  // read after each step's first barrier
+
+  auto step = [&](int n_block, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int n0 = n_block * kBlockN;
     const int stage = (n_block_max - 1 - n_block) & 1;
@@ -122,6 +125,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     float acc_s[kMTiles][kNTilesS][4];  // (kWarpRows, kBlockN)
     clear(acc_s);
     gemm_ss<kMTiles, kNTilesS, kHeadDim / 16, false, false, TileQ, TileKV>(acc_s, sQ, warp_row0, sKs, 0, lane);
+    const auto& dropout_config = dropout_config_of<kVariant>(params.dropout, dropout_keys);
 
     // Scores, mask, online softmax. Invariant after each tile: row_max is the
     // max of the row's scores so far (kernel units), acc_o and row_sum are
@@ -212,14 +216,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   auto visible_tile = [&](int n_block) {
     return mask.tile_fully_visible(m0, m0 + rows, int64_t(n_block) * kBlockN, int64_t(n_block + 1) * kBlockN);
   };
-  auto main_loop = [&](const DropoutConfig& dropout_config) {
-    int n_block = n_block_max - 1;
-    for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{}, dropout_config);
-    for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{}, dropout_config);
-    for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{}, dropout_config);
-  };
-  if constexpr (kVariant == Extras::kSeedInMemory) main_loop(resolve_dropout_keys(params.dropout));
-  else main_loop(params.dropout);
+  int n_block = n_block_max - 1;
+  for (; n_block >= n_block_min && !visible_tile(n_block); --n_block) step(n_block, std::true_type{});
+  for (; n_block >= n_block_min && visible_tile(n_block); --n_block) step(n_block, std::false_type{});
+  for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
 
   // Epilogue: one final rescale by 1 / row_sum (and 1 / (1 - p) for dropout),
   // O through this warp's own rows of sQ (no other warp reads them any more),
