@@ -198,6 +198,45 @@ TEST(GpuBadInput, Fp32IsNotSupportedOnCuda) {
   return ::testing::AssertionSuccess();
 }
 
+// A graph test's setup: the problem on the GPU, a non-blocking stream in both
+// calls' options, the backward deterministic if asked (before its workspace is
+// sized), and the caller's workspaces.
+struct StreamedProblem {
+  Problem p;
+  DeviceMirror mirror;
+  fa_fwd_args fwd;
+  fa_bwd_args bwd;
+  DeviceBuffer fwd_ws, bwd_ws;
+  cudaStream_t stream = nullptr;
+
+  StreamedProblem(const Case& c, bool deterministic_bwd)
+      : p(make_problem(c)), mirror(p), fwd(mirror.fwd_args()), bwd(bwd_args(mirror, deterministic_bwd)),
+        fwd_ws(workspace_bytes(fwd)), bwd_ws(workspace_bytes(bwd)) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    fwd.opts.stream = bwd.opts.stream = stream;
+  }
+  ~StreamedProblem() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  StreamedProblem(const StreamedProblem&) = delete;
+  StreamedProblem& operator=(const StreamedProblem&) = delete;
+
+  static fa_bwd_args bwd_args(const DeviceMirror& mirror, bool deterministic) {
+    fa_bwd_args args = mirror.bwd_args();
+    args.opts.deterministic = deterministic ? 1 : 0;
+    return args;
+  }
+  // A failed query leaves 0 bytes: the call then fails and says so.
+  static size_t workspace_bytes(const fa_fwd_args& args) {
+    size_t bytes = 0;
+    return fa_fwd_workspace_size(&args, &bytes) == FA_OK ? bytes : 0;
+  }
+  static size_t workspace_bytes(const fa_bwd_args& args) {
+    size_t bytes = 0;
+    return fa_bwd_workspace_size(&args, &bytes) == FA_OK ? bytes : 0;
+  }
+};
+
 // With a caller workspace the forward and backward capture into a CUDA graph
 // (no allocation, no synchronization inside) and the replay gives the eager bits.
 TEST(GpuGraph, CaptureAndReplayMatchEager) {
@@ -208,20 +247,12 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 300, c.Sk = 300, c.D = 64, c.Dv = 64;
   c.causal = true;
   c.dropout = 0.1f;
-  Problem p = make_problem(c);
-  DeviceMirror mirror(p);
-  cudaStream_t stream = nullptr;
-  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fa_fwd_args fwd = mirror.fwd_args();
-  fa_bwd_args bwd = mirror.bwd_args();
-  fwd.opts.stream = bwd.opts.stream = stream;
-  size_t fwd_bytes = 0, bwd_bytes = 0;
-  ASSERT_EQ(fa_fwd_workspace_size(&fwd, &fwd_bytes), FA_OK);
-  ASSERT_EQ(fa_bwd_workspace_size(&bwd, &bwd_bytes), FA_OK);
-  DeviceBuffer fwd_ws(fwd_bytes), bwd_ws(bwd_bytes);
-  ASSERT_EQ(fa_fwd(&fwd, fwd_ws.data, fwd_bytes), FA_OK) << fa_last_error();
-  ASSERT_EQ(fa_bwd(&bwd, bwd_ws.data, bwd_bytes), FA_OK) << fa_last_error();
-  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  StreamedProblem setup(c, false);
+  Problem& p = setup.p;
+  DeviceMirror& mirror = setup.mirror;
+  ASSERT_EQ(fa_fwd(&setup.fwd, setup.fwd_ws.data, setup.fwd_ws.bytes), FA_OK) << fa_last_error();
+  ASSERT_EQ(fa_bwd(&setup.bwd, setup.bwd_ws.data, setup.bwd_ws.bytes), FA_OK) << fa_last_error();
+  FA_CUDA_ASSERT(cudaStreamSynchronize(setup.stream));
   mirror.download(p.out);
   mirror.download(p.dq);
   mirror.download(p.dk);
@@ -230,9 +261,9 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   p.poison_outputs();
   for (HostTensor* t : {&p.out, &p.dq, &p.dk}) mirror.upload(*t);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_TRUE(capture_fwd_bwd(stream, fwd, fwd_ws, bwd, bwd_ws, &exec));
-  FA_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-  FA_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  ASSERT_TRUE(capture_fwd_bwd(setup.stream, setup.fwd, setup.fwd_ws, setup.bwd, setup.bwd_ws, &exec));
+  FA_CUDA_ASSERT(cudaGraphLaunch(exec, setup.stream));
+  FA_CUDA_ASSERT(cudaStreamSynchronize(setup.stream));
   mirror.download(p.out);
   mirror.download(p.dq);
   mirror.download(p.dk);
@@ -240,7 +271,6 @@ TEST(GpuGraph, CaptureAndReplayMatchEager) {
   EXPECT_TRUE(p.dq.bytes() == dq);
   EXPECT_TRUE(p.dk.bytes() == dk);
   cudaGraphExecDestroy(exec);
-  cudaStreamDestroy(stream);
 }
 
 // dropout_rng_state in device memory: the kernels read {seed, offset} when they
@@ -254,25 +284,19 @@ TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
   c.B = 2, c.H = 4, c.Hkv = 2, c.Sq = 200, c.Sk = 260, c.D = 64, c.Dv = 64;
   c.causal = true;
   c.dropout = 0.2f;
-  Problem p = make_problem(c);
-  DeviceMirror mirror(p);
-  cudaStream_t stream = nullptr;
-  FA_CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fa_fwd_args fwd = mirror.fwd_args();
-  fa_bwd_args bwd = mirror.bwd_args();
-  fwd.opts.stream = bwd.opts.stream = stream;
-  bwd.opts.deterministic = 1;  // replays compared byte for byte
-  size_t fwd_bytes = 0, bwd_bytes = 0;
-  ASSERT_EQ(fa_fwd_workspace_size(&fwd, &fwd_bytes), FA_OK);
-  ASSERT_EQ(fa_bwd_workspace_size(&bwd, &bwd_bytes), FA_OK);
-  DeviceBuffer fwd_ws(fwd_bytes), bwd_ws(bwd_bytes), rng_state(2 * sizeof(uint64_t));
+  StreamedProblem setup(c, true);  // deterministic: replays compared byte for byte
+  Problem& p = setup.p;
+  DeviceMirror& mirror = setup.mirror;
+  fa_fwd_args& fwd = setup.fwd;
+  fa_bwd_args& bwd = setup.bwd;
+  DeviceBuffer rng_state(2 * sizeof(uint64_t));
   std::vector<HostTensor*> outputs = {&p.out, &p.lse, &p.dq, &p.dk, &p.dv};
   auto run_and_read = [&](auto&& launch) {
     p.poison_outputs();
     for (HostTensor* t : outputs) mirror.upload(*t);
     launch();
     std::vector<std::vector<unsigned char>> bytes;
-    if (cudaStreamSynchronize(stream) != cudaSuccess) return bytes;
+    if (cudaStreamSynchronize(setup.stream) != cudaSuccess) return bytes;
     for (HostTensor* t : outputs) {
       mirror.download(*t);
       bytes.push_back(t->bytes());
@@ -288,8 +312,8 @@ TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
     f.opts.dropout_seed = b.opts.dropout_seed = seeds[s][0];
     f.opts.dropout_offset = b.opts.dropout_offset = seeds[s][1];
     eager[s] = run_and_read([&] {
-      EXPECT_EQ(fa_fwd(&f, fwd_ws.data, fwd_bytes), FA_OK) << fa_last_error();
-      EXPECT_EQ(fa_bwd(&b, bwd_ws.data, bwd_bytes), FA_OK) << fa_last_error();
+      EXPECT_EQ(fa_fwd(&f, setup.fwd_ws.data, setup.fwd_ws.bytes), FA_OK) << fa_last_error();
+      EXPECT_EQ(fa_bwd(&b, setup.bwd_ws.data, setup.bwd_ws.bytes), FA_OK) << fa_last_error();
     });
     ASSERT_EQ(eager[s].size(), outputs.size());
   }
@@ -299,19 +323,18 @@ TEST(GpuGraph, DropoutSeedInDeviceMemoryChangesPerReplay) {
   fwd.opts.dropout_offset = bwd.opts.dropout_offset = 0;
   fwd.opts.dropout_rng_state = bwd.opts.dropout_rng_state = static_cast<const uint64_t*>(rng_state.data);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_TRUE(capture_fwd_bwd(stream, fwd, fwd_ws, bwd, bwd_ws, &exec));
+  ASSERT_TRUE(capture_fwd_bwd(setup.stream, fwd, setup.fwd_ws, bwd, setup.bwd_ws, &exec));
   for (int s : {1, 0, 1}) {
     const auto replay = run_and_read([&] {
-      EXPECT_EQ(cudaMemcpyAsync(rng_state.data, seeds[s], sizeof(seeds[s]), cudaMemcpyHostToDevice, stream),
+      EXPECT_EQ(cudaMemcpyAsync(rng_state.data, seeds[s], sizeof(seeds[s]), cudaMemcpyHostToDevice, setup.stream),
                 cudaSuccess);
-      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      EXPECT_EQ(cudaGraphLaunch(exec, setup.stream), cudaSuccess);
     });
     ASSERT_EQ(replay.size(), outputs.size());
     for (size_t t = 0; t < outputs.size(); ++t)
       EXPECT_TRUE(replay[t] == eager[s][t]) << "seed " << s << ", output " << t << " (out, lse, dq, dk, dv)";
   }
   cudaGraphExecDestroy(exec);
-  cudaStreamDestroy(stream);
 }
 
 // The persistent sm90 forward in a CUDA graph: its tile order is static (no
