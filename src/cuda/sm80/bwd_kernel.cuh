@@ -207,8 +207,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int64_t q_packed0 = packed_q_row0(params, seq, b);
   const bool dropout = params.dropout.enabled;
   const float keep_scale = params.dropout.keep_scale;
-  SharedDropoutKeys* const dropout_keys = shared_dropout_keys<kVariant>();
-  stage_dropout_keys<kVariant>(dropout_keys, params.dropout, tid);  // read after the item loop's first barrier
+  const DropoutKeys<kVariant, true> dropout_keys(params.dropout, tid);
 
   const T* k_tile = static_cast<const T*>(params.k) + row_offset(params.k_layout, b, seq.k_row0 + n0, h_kv);
   const T* v_tile = static_cast<const T*>(params.v) + row_offset(params.v_layout, b, seq.k_row0 + n0, h_kv);
@@ -311,7 +310,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         acc_s, sK, s_key0, sQs, s_query0, lane);
     gemm_ss<Traits::kSMTiles, Traits::kSNTiles, kHeadDim / 16, false, false, TileKV, TileQ>(
         acc_dp, sV, s_key0, sdOs, s_query0, lane);
-    const auto& dropout_config = dropout_config_of<kVariant>(params.dropout, dropout_keys);
+    const auto& dropout_config = dropout_keys.config();
 
     // P = exp2(s * log2_scale - lse * log2e); dS = P * (dP_dropped - delta), times
     // the softcap derivative 1 - tanh^2 when a softcap is set.

@@ -110,8 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   if (n_block_max - 2 >= n_block_min) load_kv(n_block_max - 2, 1);
   cp_async_commit();
 
-  SharedDropoutKeys* const dropout_keys = shared_dropout_keys<kVariant>();
-  stage_dropout_keys<kVariant>(dropout_keys, params.dropout, tid);  // read after each step's first barrier
+  const DropoutKeys<kVariant, !Traits::kMaskDiagonal> dropout_keys(params.dropout, tid);
 
   auto step = [&](int n_block, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     float acc_s[kMTiles][kNTilesS][4];  // (kWarpRows, kBlockN)
     clear(acc_s);
     gemm_ss<kMTiles, kNTilesS, kHeadDim / 16, false, false, TileQ, TileKV>(acc_s, sQ, warp_row0, sKs, 0, lane);
-    const auto& dropout_config = dropout_config_of<kVariant>(params.dropout, dropout_keys);
+    const auto& dropout_config = dropout_keys.config();
 
     // Scores, mask, online softmax. Invariant after each tile: row_max is the
     // max of the row's scores so far (kernel units), acc_o and row_sum are

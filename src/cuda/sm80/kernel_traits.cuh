@@ -25,60 +25,60 @@ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 //   kOptions       softcap, ALiBi or dropout, the dropout keys read from the
 //                  kernel parameters where they are used
 //   kSeedInMemory  the same, the keys made from {seed, offset} in device memory
-//                  (dropout_rng_state) and kept in shared memory. A variant of
-//                  its own: as two copies of the main loop in one kernel, both
-//                  ran fwd+bwd at 0.74-0.93x of the previous build (H100,
-//                  session 46); apart, kNone and kOptions compile to the same SASS.
+//                  (dropout_rng_state; see DropoutKeys). A variant of its own:
+//                  as two copies of the main loop in one kernel, both ran
+//                  fwd+bwd at 0.74-0.93x of the previous build (H100, session
+//                  46); apart, kNone and kOptions compile to the same SASS.
 enum class Extras { kNone, kOptions, kSeedInMemory };
 
-// The three key words of a kSeedInMemory kernel. One thread writes them before
-// the main loop; each iteration reads them after its first barrier, so they
-// live in registers only while the mask is drawn. Held in registers across the
-// loop instead, the hdim-128 forward spilled 1,272 B and ran at 0.86x of the
-// by-value kernel (H100, session 46).
-struct SharedDropoutKeys {
-  uint32_t key0, key1, offset_word;
-};
-
-// The variant's shared key words; nullptr (and no shared memory) for the others.
-template <Extras kVariant>
-__device__ __forceinline__ SharedDropoutKeys* shared_dropout_keys() {
-  if constexpr (kVariant == Extras::kSeedInMemory) {
-    __shared__ SharedDropoutKeys keys;
-    return &keys;
-  } else {
-    return nullptr;
-  }
-}
-
-// Before the first barrier of the main loop: {seed, offset} from device memory.
-template <Extras kVariant>
-__device__ __forceinline__ void stage_dropout_keys(SharedDropoutKeys* shared, const DropoutConfig& config, int tid) {
-  if constexpr (kVariant == Extras::kSeedInMemory) {
-    if (tid == 0) {
-      const DropoutConfig resolved = resolve_dropout_keys(config);
-      *shared = SharedDropoutKeys{resolved.key0, resolved.key1, resolved.offset_word};
+// Where a kernel finds its dropout keys in the main loop. kOptions: in the
+// kernel parameters, read where they are used. kSeedInMemory: made from
+// {seed, offset} in device memory before the loop, then kept
+//   kShared = true   in shared memory, read by each iteration after its first
+//                    barrier, so that they take registers only while the mask
+//                    is drawn. Held in registers across the loop, the hdim-128
+//                    dense forward spilled 1,272 B and ran at 0.86x of the
+//                    by-value kernel (H100, session 46).
+//   kShared = false  in registers: the diagonal forwards, which do not spill
+//                    with them, ran 10-16 % slower reading shared memory (H100,
+//                    session 47).
+template <Extras kVariant, bool kShared>
+class DropoutKeys {
+ public:
+  // Before the loop's first barrier.
+  __device__ __forceinline__ DropoutKeys(const DropoutConfig& from_params, int tid) : from_params_(from_params) {
+    if constexpr (kVariant == Extras::kSeedInMemory && kShared) {
+      __shared__ uint32_t words[3];  // key0, key1, offset_word
+      shared_ = words;
+      if (tid == 0) {
+        const DropoutConfig resolved = resolve_dropout_keys(from_params);
+        words[0] = resolved.key0, words[1] = resolved.key1, words[2] = resolved.offset_word;
+      }
+    } else if constexpr (kVariant == Extras::kSeedInMemory) {
+      resolved_ = resolve_dropout_keys(from_params);
     }
   }
-}
 
-// The dropout config an iteration uses: kOptions reads the keys from the
-// kernel parameters where it uses them (a reference to them), kSeedInMemory
-// from shared memory (a copy with those keys).
-template <Extras kVariant>
-__device__ __forceinline__ decltype(auto) dropout_config_of(const DropoutConfig& from_params,
-                                                           const SharedDropoutKeys* shared) {
-  if constexpr (kVariant == Extras::kSeedInMemory) {
-    DropoutConfig config = from_params;
-    config.key0 = shared->key0;
-    config.key1 = shared->key1;
-    config.offset_word = shared->offset_word;
-    config.rng_state = nullptr;
-    return config;
-  } else {
-    return from_params;
+  // The config of one iteration, after its first barrier: a reference to the
+  // parameters or the registers, or a copy with the shared keys.
+  __device__ __forceinline__ decltype(auto) config() const {
+    if constexpr (kVariant != Extras::kSeedInMemory) {
+      return (from_params_);
+    } else if constexpr (kShared) {
+      DropoutConfig config = from_params_;
+      config.key0 = shared_[0], config.key1 = shared_[1], config.offset_word = shared_[2];
+      config.rng_state = nullptr;
+      return config;
+    } else {
+      return (resolved_);
+    }
   }
-}
+
+ private:
+  const DropoutConfig& from_params_;
+  const uint32_t* shared_ = nullptr;
+  DropoutConfig resolved_;
+};
 
 // Where sequence b starts and how long it is. Dense: rows start at 0 and the
 // batch stride moves between sequences; varlen: cu_seqlens (device memory)
