@@ -168,7 +168,7 @@ fi
 # The kernels' extras variant (softcap, dropout; dropout also with its seed read from device memory)
 # against build-ref (the reference stage, FA_REFERENCE_BENCH=0 to build it only), same rounds, bf16; each
 # cell checks that both builds give the same bytes (bench/gpu/bench_extras_ab.py; FA_EXTRAS_ARGS: its
-# --dims/--lengths).
+# --dims/--lengths, and --ref-rngptr to time build-ref's seed-in-memory kernels too).
 if has_stage extrasab; then
   start=$(date +%s)
   PYTHONUNBUFFERED=1 FLASHATTN_LIB=$PWD/build/libflashattn.so timeout "${FA_EXTRAS_TIMEOUT:-240}" \
