@@ -48,8 +48,9 @@ def new_rng_state(dropout_p: float, device: torch.device) -> Optional[Tensor]:
     Eagerly it is drawn on torch's default CPU generator and passed by value. While a CUDA graph is being
     captured it is drawn on the CUDA generator, which torch advances on every replay, and stays on the GPU: the
     kernels read it when they run (fa_options.dropout_rng_state), so each replay drops a new mask. By value
-    the kernels take the keys from their parameters; read from memory they hold them in registers, which the
-    dropout kernels pay for in speed (BENCHMARKS.md session 46), hence by value where it can be.
+    the kernels take the keys from their parameters; read from memory they keep them in shared memory or
+    registers, which the dropout kernels pay for in speed (docs/python.md, "CUDA graphs"), hence by value where
+    it can be.
     """
     if dropout_p <= 0.0:
         return None
