@@ -23,8 +23,14 @@ struct FwdTileConfig {
 #ifndef FLASHATTN_CUDA_BWD64_TILE
 #define FLASHATTN_CUDA_BWD64_TILE 128, 128, 8, 4, 4, 4, 2
 #endif
+#ifndef FLASHATTN_CUDA_BWD64_EXTRAS_TILE
+#define FLASHATTN_CUDA_BWD64_EXTRAS_TILE 128, 64, 8, 4, 4, 4, 2
+#endif
 #ifndef FLASHATTN_CUDA_BWD128_TILE
 #define FLASHATTN_CUDA_BWD128_TILE 64, 128, 8, 4, 4, 2, 2
+#endif
+#ifndef FLASHATTN_CUDA_BWD128_EXTRAS_TILE
+#define FLASHATTN_CUDA_BWD128_EXTRAS_TILE 64, 64, 8, 4, 4, 2, 2
 #endif
 #ifndef FLASHATTN_CUDA_BWD256_TILE
 #define FLASHATTN_CUDA_BWD256_TILE 64, 64, 8, 4, 2, 2, 1
@@ -57,16 +63,33 @@ struct BwdTileConfig {
 // 8,8,4 for hdim 64, 128 x 64 for 128, 64 x 64 with 4,4,4 for 256):
 // fwd+bwd +5-20 % at hdim 64, +20-28 % at 128, +3-6 % at 256.
 // large_smem: the variant for devices with more than 209 KiB of shared memory
-// per block (H100 / H200); it differs only at hdim 256, and block_m, which the
-// workspace layout reads, is the same in both.
-constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem = false) {
-  if (head_dim <= 64) return {FLASHATTN_CUDA_BWD64_TILE};    // smem 162 KiB
-  if (head_dim <= 128) return {FLASHATTN_CUDA_BWD128_TILE};  // smem 161 KiB
+// per block (H100 / H200); it differs only at hdim 256. extras: the kernels
+// with softcap, ALiBi or dropout (sm80::Extras other than kNone), which on
+// Hopper run every softcap, ALiBi and dropout backward. With them the 128-key
+// tiles spilled (ptxas sm_90a: 652-976 B at hdim 64, 156-232 B at hdim 128);
+// 64-key tiles do not. On the H100 (session 48, bf16 4k fwd+bwd against the
+// 128-key tiles) they ran 1.08-1.26x at hdim 64, and at hdim 128 1.04-1.06x
+// under a diagonal mask but 0.88-0.92x without one, so there they are only
+// the diagonal kernels' (mask_diagonal). block_m, which the workspace layout
+// reads, is the same in all of them.
+constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem = false, bool extras = false,
+                                        bool mask_diagonal = false) {
+  if (head_dim <= 64) {
+    if (extras) return {FLASHATTN_CUDA_BWD64_EXTRAS_TILE};  // smem 113 KiB
+    return {FLASHATTN_CUDA_BWD64_TILE};                      // smem 162 KiB
+  }
+  if (head_dim <= 128) {
+    if (extras && mask_diagonal) return {FLASHATTN_CUDA_BWD128_EXTRAS_TILE};  // smem 113 KiB
+    return {FLASHATTN_CUDA_BWD128_TILE};                                       // smem 161 KiB
+  }
   if (head_dim <= 192) return {64, 64, 8, 4, 4, 4, 1};       // smem 113 KiB
   // One Q/dO stage keeps hdim 256 within an A100's 163 KiB (145 KiB); two stages
   // (209 KiB) prefetch the next query tile: +6-8 % non-causal on the H200.
   if (large_smem) return {64, 64, 8, 4, 2, 2, 2};
   return {FLASHATTN_CUDA_BWD256_TILE};
 }
+static_assert(bwd_tile_config(64, false, true).block_m == bwd_tile_config(64).block_m &&
+                  bwd_tile_config(128, false, true, true).block_m == bwd_tile_config(128).block_m,
+              "the workspace layout reads one block_m per head-dim class");
 
 }  // namespace flashattn::cuda

@@ -12,12 +12,13 @@
 
 namespace flashattn::sm80 {
 
-template <typename T_, int kHeadDim_, bool kMaskDiagonal_, bool kLargeSmem = false>
+// kExtras: the tile of the softcap / ALiBi / dropout kernels (bwd_tile_config).
+template <typename T_, int kHeadDim_, bool kMaskDiagonal_, bool kLargeSmem = false, bool kExtras = false>
 struct BwdTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kMaskDiagonal = kMaskDiagonal_;
-  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim, kLargeSmem);
+  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim, kLargeSmem, kExtras, kMaskDiagonal);
   static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStages = kConfig.q_stages;

@@ -103,10 +103,10 @@ fa_status run_bwd_passes(const BwdParams& params, const BwdWorkspace& layout, vo
   return FA_OK;
 }
 
-template <class Traits>
+template <class Traits, sm80::Extras kVariant>
 fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
   using T = typename Traits::T;
-  auto kernel = for_extras(params, [](auto variant) { return sm80::bwd_kernel<Traits, decltype(variant)::value>; });
+  auto kernel = sm80::bwd_kernel<Traits, kVariant>;
   FA_TRY(prepare_smem(kernel, Traits::kSmemBytes, params.device_index, "backward kernel"));
   const int group = static_cast<int>(params.heads / params.heads_kv);
   return run_bwd_passes<T, Traits::kHeadDim>(
@@ -124,16 +124,20 @@ fa_status run_bwd_with(const BwdParams& params, const BwdWorkspace& layout, void
 template <typename Tag, int kHeadDim, bool kMaskDiagonal>
 fa_status run_bwd(const BwdParams& params, const BwdWorkspace& layout, void* workspace, cudaStream_t stream) {
   using T = typename ElementOf<Tag>::type;
-  using Traits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal>;
-  using LargeSmemTraits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal, true>;
   if (params.total_q == 0 && params.total_k == 0) return FA_OK;
-  if constexpr (LargeSmemTraits::kSmemBytes != Traits::kSmemBytes) {
-    int max_optin = 0;
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, params.device_index));
-    if (LargeSmemTraits::kSmemBytes <= max_optin)
-      return run_bwd_with<LargeSmemTraits>(params, layout, workspace, stream);
-  }
-  return run_bwd_with<Traits>(params, layout, workspace, stream);
+  return for_extras(params, [&](auto variant) {
+    constexpr sm80::Extras kVariant = decltype(variant)::value;
+    constexpr bool kExtras = kVariant != sm80::Extras::kNone;
+    using Traits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal, false, kExtras>;
+    using LargeSmemTraits = sm80::BwdTraits<T, kHeadDim, kMaskDiagonal, true, kExtras>;
+    if constexpr (LargeSmemTraits::kSmemBytes != Traits::kSmemBytes) {
+      int max_optin = 0;
+      FA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, params.device_index));
+      if (LargeSmemTraits::kSmemBytes <= max_optin)
+        return run_bwd_with<LargeSmemTraits, kVariant>(params, layout, workspace, stream);
+    }
+    return run_bwd_with<Traits, kVariant>(params, layout, workspace, stream);
+  });
 }
 
 }  // namespace flashattn::cuda
